@@ -1,0 +1,3 @@
+from torchtriage.cli import main
+
+raise SystemExit(main())

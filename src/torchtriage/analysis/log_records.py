@@ -1,0 +1,225 @@
+"""From log artifacts to typed records: rule events, Python tracebacks, torchrun's failure report.
+
+This is the only module of the triage path that reads files. It keeps small per-file state for the
+two multi-line structures that matter (a traceback, an entry of torchrun's report) and attributes
+every record to a rank: the launcher's line prefix first, then the file name, then the message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from torchtriage.knowledge.matcher import Matcher
+from torchtriage.knowledge.rules import Rule
+from torchtriage.sources.files import Artifact, Unreadable, open_text_stream
+from torchtriage.sources.lines import normalise
+from torchtriage.sources.logs import MAX_LINE_CHARS, scan_lines
+
+
+@dataclass(frozen=True)
+class Frame:
+    path: str
+    line: int
+    function: str
+
+
+@dataclass
+class LogEvent:
+    """One line that matched one rule."""
+
+    rule: Rule
+    facts: dict[str, str]
+    rank: int | None
+    time: float | None
+    file: str
+    line: int
+    text: str
+    order: int  # position in reading order across all inputs
+
+
+@dataclass
+class PyTraceback:
+    rank: int | None
+    file: str
+    line: int  # where the traceback starts
+    frames: list[Frame] = field(default_factory=list)
+    exception: str | None = None  # the exception's qualified type name
+    message: str = ""
+    exception_line: int | None = None
+    time: float | None = None
+
+
+@dataclass
+class ChildFailure:
+    """One entry of torchrun's `Failures:` / `Root Cause (first observed failure):` report."""
+
+    root_cause: bool
+    file: str
+    line: int
+    rank: int | None = None
+    local_rank: int | None = None
+    exit_code: int | None = None
+    pid: int | None = None
+    host: str | None = None
+    time: float | None = None
+    traceback: str = ""
+
+
+@dataclass
+class LogRecords:
+    events: list[LogEvent] = field(default_factory=list)
+    tracebacks: list[PyTraceback] = field(default_factory=list)
+    child_failures: list[ChildFailure] = field(default_factory=list)
+    ranks_seen: set[int] = field(default_factory=set)
+    files_read: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+_FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
+_EXCEPTION = re.compile(
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault|Timeout))"
+    r"(?::\s?(?P<message>.*))?$"
+)
+_REPORT_FIELD = re.compile(r"^\s{2}(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
+_REPORT_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)")
+_REPORT_EXIT = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
+_REPORT_TIME = re.compile(r"(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)_(?P<hms>\d\d:\d\d:\d\d)")
+
+
+def _report_time(value: str) -> float | None:
+    match = _REPORT_TIME.search(value)
+    if not match:
+        return None
+    hours, minutes, seconds = (int(x) for x in match.group("hms").split(":"))
+    day_index = int(match.group("month")) * 31 + int(match.group("day"))
+    return ((day_index * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+class _FileReader:
+    """Per-file state while its hit lines stream by."""
+
+    def __init__(self, artifact: Artifact, matcher: Matcher, records: LogRecords):
+        self.artifact = artifact
+        self.matcher = matcher
+        self.records = records
+        self.open_tracebacks: dict[int | None, PyTraceback] = {}
+        self.report_mode: bool | None = None  # None outside torchrun's report, else "is root cause"
+        self.report_entry: ChildFailure | None = None
+
+    def feed(self, line_no: int, raw: bytes) -> None:
+        line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
+        rank = line.rank if line.rank is not None else self.artifact.rank_hint
+        text = line.text
+        in_report = self._track_report(text, line_no)
+        if in_report and self.report_entry is not None and rank is None:
+            rank = self.report_entry.rank
+        time = line.time
+        if time is None and in_report and self.report_entry is not None:
+            time = self.report_entry.time
+        self._track_traceback(text, rank, line_no, time)
+        for found in self.matcher.match(text):
+            event_rank = rank
+            if event_rank is None and "rank" in found.facts and found.facts["rank"].isdigit():
+                event_rank = int(found.facts["rank"])
+            if event_rank is not None:
+                self.records.ranks_seen.add(event_rank)
+            self.records.events.append(
+                LogEvent(
+                    rule=found.rule,
+                    facts=found.facts,
+                    rank=event_rank,
+                    time=time,
+                    file=self.artifact.display,
+                    line=line_no,
+                    text=text.strip(),
+                    order=len(self.records.events),
+                )
+            )
+        if rank is not None:
+            self.records.ranks_seen.add(rank)
+
+    def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> None:
+        if text.lstrip().startswith("Traceback (most recent call last)"):
+            self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
+            return
+        current = self.open_tracebacks.get(rank)
+        if current is None:
+            return
+        frame = _FRAME.match(text)
+        if frame:
+            current.frames.append(Frame(frame.group("path"), int(frame.group("line")), frame.group("func") or "?"))
+            return
+        exception = _EXCEPTION.match(text.strip())
+        if exception:
+            current.exception = exception.group("type")
+            current.message = (exception.group("message") or "").strip()
+            current.exception_line = line_no
+            if current.time is None:
+                current.time = time
+        self.records.tracebacks.append(current)
+        del self.open_tracebacks[rank]
+
+    def _track_report(self, text: str, line_no: int) -> bool:
+        """Follow torchrun's failure report; True while `text` belongs to it."""
+        stripped = text.strip()
+        if stripped.startswith("Root Cause (first observed failure)"):
+            self.report_mode, self.report_entry = True, None
+            return True
+        if stripped == "Failures:":
+            self.report_mode, self.report_entry = False, None
+            return True
+        if self.report_mode is None:
+            return False
+        field_match = _REPORT_FIELD.match(text)
+        if not field_match:
+            self.report_mode, self.report_entry = None, None
+            return False
+        key, value = field_match.group("key"), field_match.group("value").strip()
+        if key == "time" or self.report_entry is None:
+            self.report_entry = ChildFailure(self.report_mode, self.artifact.display, line_no)
+            self.records.child_failures.append(self.report_entry)
+        entry = self.report_entry
+        if key == "time":
+            entry.time = _report_time(value)
+        elif key == "host":
+            entry.host = value
+        elif key == "rank":
+            match = _REPORT_RANK.search(value)
+            if match:
+                entry.rank, entry.local_rank = int(match.group("rank")), int(match.group("local_rank"))
+        elif key == "exitcode":
+            match = _REPORT_EXIT.match(value)
+            if match:
+                entry.exit_code = int(match.group("code"))
+                entry.pid = int(match.group("pid")) if match.group("pid") else None
+        elif key == "traceback":
+            entry.traceback = value
+        return True
+
+    def close(self) -> None:
+        # A traceback cut off by the end of the log still locates the failure.
+        self.records.tracebacks.extend(self.open_tracebacks.values())
+        self.open_tracebacks.clear()
+
+
+def read_logs(artifacts: list[Artifact], matcher: Matcher, records: LogRecords | None = None) -> LogRecords:
+    records = records or LogRecords()
+    for artifact in artifacts:
+        try:
+            stream = open_text_stream(artifact)
+        except Unreadable as err:
+            records.problems.append(str(err))
+            continue
+        reader = _FileReader(artifact, matcher, records)
+        try:
+            for line_no, raw in scan_lines(stream, matcher.prefilter):
+                reader.feed(line_no, raw)
+        except (OSError, EOFError) as err:
+            records.problems.append(f"{artifact.display}: reading stopped early ({err}); analysed what came before.")
+        finally:
+            reader.close()
+            if stream is not None and artifact.path != "-":
+                stream.close()
+        records.files_read.append(artifact.display)
+    return records

@@ -1,0 +1,74 @@
+"""The `torchtriage` command: one verb per job, thin wrappers over the library.
+
+Verbs are imported only when chosen, so `torchtriage --help` and offline verbs start fast and never
+import torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from torchtriage import __version__, exit_codes
+from torchtriage.errors import TriageError
+
+# verb -> (module under torchtriage.cli, one-line help)
+VERBS = {
+    "triage": ("triage", "diagnose failure logs (files, folders, gzip, or - for stdin)"),
+    "rules": ("rules", "list the knowledge base: the known failure modes"),
+    "explain": ("rules", "show one rule: its cause, the messages it matches, the fixes"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="torchtriage",
+        description="Diagnose failures of PyTorch distributed training and route each to the exact fix.",
+        epilog=exit_codes.HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"torchtriage {__version__}")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb, (module_name, help_text) in VERBS.items():
+        verb_parser = sub.add_parser(
+            verb,
+            help=help_text,
+            description=help_text,
+            epilog=exit_codes.HELP,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        module = importlib.import_module(f"torchtriage.cli.{module_name}")
+        module.add_arguments(verb, verb_parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.verb:
+        parser.print_help()
+        return exit_codes.USAGE
+    module = importlib.import_module(f"torchtriage.cli.{VERBS[args.verb][0]}")
+    try:
+        return module.run(args)
+    except TriageError as err:
+        print(f"torchtriage {args.verb}: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"torchtriage {args.verb}: interrupted.", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error of ours, and nothing more to say.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exit_codes.OK
+    except Exception as err:  # noqa: BLE001 - the user gets one line, never a traceback
+        if os.environ.get("TORCHTRIAGE_DEBUG"):
+            raise
+        print(
+            f"torchtriage {args.verb}: internal error: {type(err).__name__}: {err}. "
+            "This is a bug in torchtriage; rerun with TORCHTRIAGE_DEBUG=1 for the traceback and report it.",
+            file=sys.stderr,
+        )
+        return exit_codes.BAD_INPUT

@@ -1,0 +1,1 @@
+"""Renderers: the same Verdict for a person (text) or a program (JSON)."""

@@ -1,0 +1,64 @@
+"""The verdict for a person at a terminal: what happened, who started it, where, and what to do."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from torchtriage.model import Verdict
+
+_ROLE_LABEL = {"primary": "cause", "symptom": "symptom", "collateral": "collateral"}
+_MAX_FINDINGS = 12
+
+
+def _use_colour(stream) -> bool:
+    return stream.isatty() and "NO_COLOR" not in os.environ
+
+
+def _style(text: str, code: str, colour: bool) -> str:
+    return f"\x1b[{code}m{text}\x1b[0m" if colour else text
+
+
+def render_text(verdict: Verdict, stream=None) -> str:
+    colour = _use_colour(stream or sys.stdout)
+    bold = lambda s: _style(s, "1", colour)  # noqa: E731
+    dim = lambda s: _style(s, "2", colour)  # noqa: E731
+    lines = [
+        f"{bold('verdict')}   {_style(verdict.category, '1;31' if verdict.findings else '1;32', colour)}"
+        f"  (confidence: {verdict.confidence})",
+        f"{bold('culprit')}   "
+        + (", ".join(str(r) for r in verdict.culprit_ranks) if verdict.culprit_ranks else "not identified"),
+        f"{bold('summary')}   {verdict.summary}",
+    ]
+    frame = verdict.facts.get("user_frame")
+    if frame:
+        lines.append(f"{bold('where')}     {frame['file']}:{frame['line']} in {frame['function']}")
+    waiting = verdict.facts.get("reporting_rank_frame")
+    if waiting:
+        lines.append(
+            f"{bold('waiting')}   rank {waiting['rank']} was at {waiting['file']}:{waiting['line']} "
+            f"in {waiting['function']} (a rank that reported the failure, not the culprit)"
+        )
+    if verdict.findings:
+        lines += ["", bold("evidence")]
+        for finding in verdict.findings[:_MAX_FINDINGS]:
+            lines.append(f"  [{_ROLE_LABEL.get(finding.role, finding.role)}] {finding.message}")
+            for ev in finding.evidence[:2]:
+                where = f"{ev.file}:{ev.line}" if ev.file else ev.source
+                lines.append(dim(f"      {where}: {ev.text[:160]}"))
+        if len(verdict.findings) > _MAX_FINDINGS:
+            lines.append(dim(f"  … {len(verdict.findings) - _MAX_FINDINGS} more in --json"))
+    if verdict.actions:
+        lines += ["", bold("what to do")]
+        for index, action in enumerate(verdict.actions, 1):
+            lines.append(f"  {index}. {action.title}  {dim('[' + action.rule + ']')}")
+            if action.detail:
+                lines.append(f"     {action.detail}")
+            for name, value in action.env.items():
+                lines.append(f"     export {name}={value}")
+            if action.command:
+                lines.append(f"     $ {action.command}")
+    if verdict.problems:
+        lines += ["", bold("could not read everything")]
+        lines += [f"  - {problem}" for problem in verdict.problems]
+    return "\n".join(lines)

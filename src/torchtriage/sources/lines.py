@@ -1,0 +1,87 @@
+"""Peeling what launchers and loggers put in front of a message: colour, rank prefixes, log headers.
+
+Real logs wrap one message in several layers, e.g.
+`[default3]:[rank3]:[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] [Rank 3] Watchdog caught ...`.
+`normalise` peels them off, remembering the rank and the time, so rules match the message itself.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+
+# Launcher prefixes that carry a rank. Each is tried at the start of what remains of the line.
+_RANK_PREFIXES = [
+    # torchrun --tee / --local-ranks-filter: "[default3]:" (role + local rank); torch logging "[rank3]:"
+    re.compile(r"\[(?:rank|default|[A-Za-z_][\w-]*?)(?P<rank>\d{1,6})\]:\s?"),
+    # mpirun --tag-output: "[1,3]<stderr>:"
+    re.compile(r"\[\d+,(?P<rank>\d{1,6})\]<std(?:out|err)>:\s?"),
+    # "[Rank 3]" / "[RANK 3]" / "Rank 3:" / "rank3:" at the start of the message
+    re.compile(r"\[(?:rank|RANK|Rank) ?(?P<rank>\d{1,6})\]:?\s?"),
+    re.compile(r"(?:rank|RANK|Rank) ?(?P<rank>\d{1,6}):\s"),
+    # srun --label: "3: " (only digits, then colon and a space)
+    re.compile(r"\s{0,5}(?P<rank>\d{1,6}): "),
+]
+
+# glog (c10) headers, bracketed by torch ("[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] ")
+# or bare ("E1130 02:54:48.068043 1234 ProcessGroupNCCL.cpp:689] "); torch's Python logging uses the
+# bare form too ("W1130 02:54:18.606000 625 torch/distributed/run.py:851] ").
+_GLOG = re.compile(
+    r"\[?(?P<sev>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)"
+    r"(?:\s+\d+)?\s+[^\s\]]+:\d+\]\s?"
+)
+# ISO-like dates, optionally bracketed, optionally followed by a separator: "2026-11-30 04:32:11,123 - "
+_ISO = re.compile(
+    r"\[?(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?))"
+    r"(?:Z|[+-]\d\d:?\d\d)?\]?(?:\s*[-|:]\s*|\s+)"
+)
+_MAX_LAYERS = 6
+
+
+@dataclass(frozen=True)
+class Normalised:
+    text: str  # the message with prefixes removed
+    rank: int | None
+    time: float | None  # seconds within the year (launchers rarely print the year); comparable only
+    severity: str | None  # glog's I/W/E/F when present
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text) if "\x1b" in text else text
+
+
+def _seconds(month: str, day: str, hms: str) -> float:
+    hours, minutes, seconds = hms.replace(",", ".").split(":")
+    return (((int(month) * 31 + int(day)) * 24 + int(hours)) * 60 + int(minutes)) * 60 + float(seconds)
+
+
+def normalise(raw: str) -> Normalised:
+    """Remove colour codes and peel rank prefixes and log headers off one line."""
+    text = strip_ansi(raw).rstrip()
+    rank: int | None = None
+    time: float | None = None
+    severity: str | None = None
+    for _ in range(_MAX_LAYERS):
+        peeled = False
+        # Rank markers after a log header belong to the message ("[Rank 3] Watchdog caught ..."):
+        # rules read them there.
+        for prefix in _RANK_PREFIXES if time is None else ():
+            match = prefix.match(text)
+            if match:
+                # The outermost prefix is the launcher's; an inner one only fills a gap.
+                rank = int(match.group("rank")) if rank is None else rank
+                text = text[match.end() :]
+                peeled = True
+                break
+        if time is None:
+            match = _GLOG.match(text) or _ISO.match(text)
+            if match:
+                time = _seconds(match.group("month"), match.group("day"), match.group("hms"))
+                severity = match.groupdict().get("sev")
+                text = text[match.end() :]
+                peeled = True
+        if not peeled:
+            break
+    return Normalised(text, rank, time, severity)

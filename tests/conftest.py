@@ -1,0 +1,30 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+H200 = FIXTURES / "h200x2"
+
+
+def run_cli(*args, stdin: bytes | None = None, timeout: float = 120):
+    """Run the real console entry point in a subprocess, as a user would."""
+    return subprocess.run(
+        [sys.executable, "-m", "torchtriage", *map(str, args)],
+        input=stdin,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
+def triage_json(*paths, stdin: bytes | None = None) -> tuple[int, dict]:
+    done = run_cli("triage", "--json", *paths, stdin=stdin)
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    return done.returncode, json.loads(done.stdout)
+
+
+@pytest.fixture
+def cli():
+    return run_cli

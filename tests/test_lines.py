@@ -1,0 +1,39 @@
+"""Peeling launcher prefixes and log headers off real line shapes."""
+
+import pytest
+
+from torchtriage.sources.lines import normalise
+
+
+@pytest.mark.parametrize(
+    "raw, text, rank",
+    [
+        (
+            "[rank3]:[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] [Rank 3] Watchdog caught",
+            "[Rank 3] Watchdog caught",
+            3,
+        ),
+        ("[default5]:Traceback (most recent call last):", "Traceback (most recent call last):", 5),
+        ('[default1]:[rank9]:  File "train.py", line 3, in <module>', ' File "train.py", line 3, in <module>', 1),
+        ("12: RuntimeError: boom", "RuntimeError: boom", 12),
+        ("[1,7]<stderr>:ncclInternalError", "ncclInternalError", 7),
+        ("[Rank 4] loss: nan", "loss: nan", 4),
+        ("\x1b[31m[rank2]:\x1b[0m CUDA error\r", "CUDA error", 2),
+        ("W1130 02:54:18.606000 625 torch/distributed/run.py:851] Sending process 670", "Sending process 670", None),
+        ("2026-11-30 04:32:11,123 - ERROR - something broke", "ERROR - something broke", None),
+        ("  rank      : 1 (local_rank: 1)", "  rank      : 1 (local_rank: 1)", None),
+        ("[0]:", "[0]:", None),
+    ],
+)
+def test_prefixes_are_peeled_and_the_rank_kept(raw, text, rank):
+    line = normalise(raw)
+    assert line.text == text
+    assert line.rank == rank
+
+
+def test_times_from_glog_and_iso_headers_are_comparable():
+    glog = normalise("[rank0]:[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] x")
+    python_logging = normalise("E1130 02:55:54.770000 625 torch/distributed/elastic/multiprocessing/api.py:986] y")
+    iso = normalise("2026-11-30T02:54:49Z z")
+    assert glog.severity == "E"
+    assert glog.time < iso.time < python_logging.time

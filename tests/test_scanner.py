@@ -1,0 +1,62 @@
+"""The streaming scanner finds every matching line, with the right line number, whatever the block size."""
+
+import gzip
+import io
+
+import pytest
+
+from torchtriage.sources import logs
+from torchtriage.sources.logs import literal_trie_regex, scan_lines
+
+WORDS = ["Watchdog caught", "CUDA out of memory", "Error", "Xid"]
+
+
+def naive(data: bytes, words):
+    return [(i, line) for i, line in enumerate(data.split(b"\n"), 1) if any(w.encode() in line for w in words)]
+
+
+def make_log(lines=3000):
+    out = []
+    for i in range(lines):
+        if i % 97 == 0:
+            out.append(f"[rank{i % 8}]: RuntimeError: CUDA out of memory. Tried to allocate {i} MiB")
+        elif i % 131 == 0:
+            out.append(f"NVRM: Xid (PCI:0000:3b:00): 79, pid={i}")
+        else:
+            out.append(f"[rank{i % 8}]: step {i} loss 1.{i:04d}")
+    return ("\n".join(out) + "\n").encode()
+
+
+@pytest.mark.parametrize("block", [257, 1000, 1 << 20])
+def test_hits_and_line_numbers_match_a_naive_reading(monkeypatch, block):
+    monkeypatch.setattr(logs, "BLOCK_BYTES", block)
+    data = make_log()
+    got = list(scan_lines(io.BytesIO(data), literal_trie_regex(WORDS)))
+    assert got == naive(data, WORDS)
+
+
+def test_last_line_without_newline_and_crlf():
+    data = b"ok\r\nstep 1\r\nRuntimeError: x\r\nfinal Xid 79"
+    got = list(scan_lines(io.BytesIO(data), literal_trie_regex(WORDS)))
+    assert got == [(3, b"RuntimeError: x\r"), (4, b"final Xid 79")]
+
+
+def test_a_line_longer_than_a_block_is_scanned_in_pieces(monkeypatch):
+    monkeypatch.setattr(logs, "BLOCK_BYTES", 1024)
+    data = b"a" * 10_000 + b" Xid 79 " + b"b" * 10_000 + b"\nnext Error\n"
+    got = list(scan_lines(io.BytesIO(data), literal_trie_regex(WORDS)))
+    assert any(b"Xid 79" in line and len(line) <= 2048 for _, line in got)
+    assert got[-1] == (2, b"next Error")
+
+
+def test_gzip_stream():
+    data = make_log(500)
+    got = list(scan_lines(gzip.GzipFile(fileobj=io.BytesIO(gzip.compress(data))), literal_trie_regex(WORDS)))
+    assert got == naive(data, WORDS)
+
+
+def test_trie_regex_finds_words_sharing_prefixes():
+    rx = literal_trie_regex(["Error", "ErrorCode", "Err", "Exception"])
+    assert rx.search(b"xx Err yy")
+    assert rx.search(b"an Exception!")
+    assert not rx.search(b"E r r")
