@@ -14,7 +14,7 @@ from torchtriage.sources.lines import normalise
             3,
         ),
         ("[default5]:Traceback (most recent call last):", "Traceback (most recent call last):", 5),
-        ('[default1]:[rank9]:  File "train.py", line 3, in <module>', ' File "train.py", line 3, in <module>', 1),
+        ('[default1]:[rank9]:  File "train.py", line 3, in <module>', ' File "train.py", line 3, in <module>', 9),
         ("12: RuntimeError: boom", "RuntimeError: boom", 12),
         ("[1,7]<stderr>:ncclInternalError", "ncclInternalError", 7),
         ("[Rank 4] loss: nan", "loss: nan", 4),

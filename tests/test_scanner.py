@@ -60,3 +60,28 @@ def test_trie_regex_finds_words_sharing_prefixes():
     assert rx.search(b"xx Err yy")
     assert rx.search(b"an Exception!")
     assert not rx.search(b"E r r")
+
+
+def test_concatenated_and_truncated_gzip_keep_every_line_they_hold():
+    from torchtriage.sources.files import TolerantGunzip
+
+    first, second = make_log(300), b"final Xid 79\n"
+    joined = gzip.compress(first) + gzip.compress(second)
+    stream = TolerantGunzip(io.BytesIO(joined))
+    assert list(scan_lines(stream, literal_trie_regex(WORDS))) == naive(first + second, WORDS)
+    assert not stream.truncated
+
+    whole = gzip.compress(first)
+    cut = TolerantGunzip(io.BytesIO(whole[: len(whole) - 40]))
+    got = list(scan_lines(cut, literal_trie_regex(WORDS)))
+    assert cut.truncated
+    assert got and got == naive(first, WORDS)[: len(got)]
+
+
+def test_the_re2_prefilter_and_the_python_fallback_find_the_same_lines():
+    from torchtriage.sources.logs import compile_prefilter
+
+    data = make_log(2000)
+    fast = list(scan_lines(io.BytesIO(data), compile_prefilter(WORDS)))
+    fallback = list(scan_lines(io.BytesIO(data), literal_trie_regex(WORDS)))
+    assert fast == fallback == naive(data, WORDS)

@@ -8,6 +8,7 @@ every record to a rank: the launcher's line prefix first, then the file name, th
 from __future__ import annotations
 
 import re
+import zlib
 from dataclasses import dataclass, field
 
 from torchtriage.knowledge.matcher import Matcher
@@ -106,6 +107,8 @@ class _FileReader:
         self.open_tracebacks: dict[int | None, PyTraceback] = {}
         self.report_mode: bool | None = None  # None outside torchrun's report, else "is root cause"
         self.report_entry: ChildFailure | None = None
+        self.superseded_before: dict[str, int] = {}  # rule id -> last line that withdraws it
+        self.first_event = len(records.events)
 
     def feed(self, line_no: int, raw: bytes) -> None:
         line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
@@ -118,6 +121,9 @@ class _FileReader:
         if time is None and in_report and self.report_entry is not None:
             time = self.report_entry.time
         self._track_traceback(text, rank, line_no, time)
+        if self.matcher.superseding:
+            for rule_id in self.matcher.superseded_rules(text):
+                self.superseded_before[rule_id] = line_no
         for found in self.matcher.match(text):
             event_rank = rank
             if event_rank is None and "rank" in found.facts and found.facts["rank"].isdigit():
@@ -144,12 +150,17 @@ class _FileReader:
             self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
             return
         current = self.open_tracebacks.get(rank)
-        if current is None:
-            return
         frame = _FRAME.match(text)
+        if current is None:
+            if not frame:
+                return
+            # A log cut inside a traceback still has its frames: start one without the header.
+            current = self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
         if frame:
             current.frames.append(Frame(frame.group("path"), int(frame.group("line")), frame.group("func") or "?"))
             return
+        if text[:1].isspace():
+            return  # the source line under a frame, or its ^^^^ marker: still inside the traceback
         exception = _EXCEPTION.match(text.strip())
         if exception:
             current.exception = exception.group("type")
@@ -176,7 +187,8 @@ class _FileReader:
             self.report_mode, self.report_entry = None, None
             return False
         key, value = field_match.group("key"), field_match.group("value").strip()
-        if key == "time" or self.report_entry is None:
+        entry = self.report_entry
+        if entry is None or key == "time" or (key == "rank" and entry.rank is not None):
             self.report_entry = ChildFailure(self.report_mode, self.artifact.display, line_no)
             self.records.child_failures.append(self.report_entry)
         entry = self.report_entry
@@ -201,13 +213,24 @@ class _FileReader:
         # A traceback cut off by the end of the log still locates the failure.
         self.records.tracebacks.extend(self.open_tracebacks.values())
         self.open_tracebacks.clear()
+        if self.superseded_before:
+            mine = self.records.events[self.first_event :]
+            kept = [e for e in mine if e.line > self.superseded_before.get(e.rule.id, 0)]
+            self.records.events[self.first_event :] = kept
+            for order, event in enumerate(kept, self.first_event):
+                event.order = order
 
 
-def read_logs(artifacts: list[Artifact], matcher: Matcher, records: LogRecords | None = None) -> LogRecords:
+def read_logs(
+    artifacts: list[Artifact],
+    matcher: Matcher,
+    records: LogRecords | None = None,
+    opener=open_text_stream,
+) -> LogRecords:
     records = records or LogRecords()
     for artifact in artifacts:
         try:
-            stream = open_text_stream(artifact)
+            stream = opener(artifact)
         except Unreadable as err:
             records.problems.append(str(err))
             continue
@@ -215,11 +238,15 @@ def read_logs(artifacts: list[Artifact], matcher: Matcher, records: LogRecords |
         try:
             for line_no, raw in scan_lines(stream, matcher.prefilter):
                 reader.feed(line_no, raw)
-        except (OSError, EOFError) as err:
+            if getattr(stream, "truncated", False):
+                records.problems.append(
+                    f"{artifact.display}: the gzip file is cut off; reading stopped early, analysed what came before."
+                )
+        except (OSError, EOFError, zlib.error) as err:
             records.problems.append(f"{artifact.display}: reading stopped early ({err}); analysed what came before.")
         finally:
             reader.close()
-            if stream is not None and artifact.path != "-":
+            if artifact.path != "-":
                 stream.close()
         records.files_read.append(artifact.display)
     return records

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from torchtriage.analysis.collective_positions import collective_of, odd_ones_out, positions
 from torchtriage.analysis.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.knowledge.rules import rule_by_id
@@ -24,40 +25,8 @@ _MAX_EVIDENCE = 4
 # Exceptions a launcher raises about its children: never the cause, always a report of it.
 _LAUNCHER_EXCEPTIONS = ("ChildFailedError", "SignalException")
 _LIBRARY_PATH_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/torch/", "<string>")
-# Facts that identify the failing operation; copied from the primary event into `facts`.
-_KEY_FACTS = (
-    "pg_name",
-    "pg_id",
-    "seq",
-    "op",
-    "numel_in",
-    "numel_out",
-    "timeout_ms",
-    "ran_for_ms",
-    "last_enqueued",
-    "last_completed",
-    "alloc",
-    "gpu_total",
-    "gpu_free",
-    "gpu_in_use",
-    "allocated",
-    "reserved_unallocated",
-    "device",
-    "exit_code",
-    "signal",
-    "xid",
-    "nccl_error",
-    "nccl_version",
-    "cuda_error",
-    "error_type",
-    "port",
-    "address",
-    "step",
-    "world_size",
-    "ep_size",
-    "host",
-    "path",
-)
+# Per-line facts that describe the line's rank rather than the failure; ranks are reported apart.
+_RANK_FACTS = ("rank", "group_rank", "local_rank")
 
 
 @dataclass
@@ -115,13 +84,17 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
     ]
     matched_lines = {(e.file, e.line) for e in records.events}
     for tb in records.tracebacks:
-        if tb.exception is None or (tb.file, tb.exception_line) in matched_lines:
+        if tb.exception is None:
+            blocked = _blocked_in_collective(tb, len(records.events))
+            if blocked is not None:
+                candidates.append(blocked)
             continue
-        launcher = tb.exception.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS
+        if (tb.file, tb.exception_line) in matched_lines:
+            continue
         candidates.append(
             _Candidate(
-                role="collateral" if launcher else "symptom",
-                priority=5,
+                role=_exception_role(tb),
+                priority=1,
                 category="unknown",
                 kind="exception",
                 title=f"{tb.exception} raised",
@@ -134,6 +107,44 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             )
         )
     return candidates
+
+
+_BLOCKED_RULE = "hang.stack_in_collective"
+
+
+def _blocked_in_collective(tb: PyTraceback, order_base: int) -> _Candidate | None:
+    """A stack that ends inside a collective with no exception after it: a capture of a blocked rank."""
+    op = collective_of(tb)
+    rule = rule_by_id(_BLOCKED_RULE)
+    if op is None or rule is None or not tb.frames:
+        return None
+    last = tb.frames[-1]
+    return _Candidate(
+        role=rule.role,
+        priority=rule.priority,
+        category=rule.category,
+        kind=rule.id,
+        title=rule.title,
+        rank=tb.rank,
+        time=tb.time,
+        file=tb.file,
+        line=tb.line,
+        order=order_base + tb.line,
+        text=f'File "{last.path}", line {last.line}, in {last.function} (stack ends inside {op})',
+    )
+
+
+def _exception_role(tb: PyTraceback) -> str:
+    """How much an exception that no rule knows explains.
+
+    A launcher's report of its children explains nothing; an exception raised inside a collective is
+    how a rank learns that a peer failed; any other uncaught exception killed its rank, and is a cause.
+    """
+    if tb.exception and tb.exception.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS:
+        return "collateral"
+    if collective_of(tb) is not None:
+        return "symptom"
+    return "primary"
 
 
 def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
@@ -161,6 +172,104 @@ def lagging_ranks(events: list[LogEvent]) -> tuple[list[int], dict[int, int]]:
         return [], last_enqueued
     lowest = min(last_enqueued.values())
     return sorted(r for r, seq in last_enqueued.items() if seq == lowest), last_enqueued
+
+
+def _collective_culprits(
+    records: LogRecords, candidates: list[_Candidate], timed_out: list[_Candidate]
+) -> tuple[list[int], list[Finding], dict]:
+    """For a timeout or hang: the ranks that never joined the collective the others wait in.
+
+    Two independent readings, the first that names someone wins: the watchdog's sequence numbers
+    (a rank whose last enqueued collective is older than its peers'), then the tracebacks (a rank
+    whose stack is in another collective, or in none, while the timed-out ranks wait in one).
+    """
+    facts: dict = {}
+    mismatch = _mismatch_at_same_seq(records.events)
+    if mismatch is not None:
+        mismatch_culprits, finding = mismatch
+        if mismatch_culprits:
+            return mismatch_culprits, [finding], facts
+        findings_so_far = [finding]
+    else:
+        findings_so_far = []
+    laggers, last_enqueued = lagging_ranks(records.events)
+    if last_enqueued:
+        facts["last_enqueued_by_rank"] = {str(r): s for r, s in sorted(last_enqueued.items())}
+    if laggers:
+        ahead = sorted(set(last_enqueued) - set(laggers))
+        evidence = _evidence(
+            [c for c in candidates if c.event and c.rank in laggers and "last_enqueued" in c.event.facts]
+        )
+        message = (
+            f"{format_ranks(laggers)} enqueued collectives only up to seq {last_enqueued[laggers[0]]}, while "
+            f"{format_ranks(ahead)} reached seq {max(last_enqueued.values())}: "
+            f"{'it' if len(laggers) == 1 else 'they'} never joined the collective the others wait in"
+        )
+        return (
+            laggers,
+            findings_so_far + [Finding("lagging_rank", laggers, message, "primary", "hang", evidence)],
+            facts,
+        )
+
+    found = positions(records.tracebacks, lambda tb: innermost_user_frame(tb))
+    if found:
+        facts["collective_by_rank"] = {str(r): p.collective for r, p in sorted(found.items())}
+    waiting = {c.rank for c in timed_out if c.rank is not None}
+    culprits, expected = odd_ones_out(found, waiting)
+    if not culprits:
+        return [], findings_so_far, facts
+    others = sorted(set(found) - set(culprits))
+    parts = []
+    for rank in culprits:
+        where = found[rank]
+        site = f" at {where.call_site.path}:{where.call_site.line}" if where.call_site else ""
+        parts.append(f"rank {rank} was in {where.collective or 'no collective'}{site}")
+    message = f"{'; '.join(parts)}, while {format_ranks(others)} waited in {expected}"
+    evidence = [
+        Evidence("log", tb.file, tb.exception_line or tb.line, tb.rank, f"{tb.exception}: {tb.message}"[:500])
+        for tb in records.tracebacks
+        if tb.rank in culprits
+    ][-_MAX_EVIDENCE:]
+    return (
+        culprits,
+        findings_so_far + [Finding("collective_mismatch", culprits, message, "primary", "hang", evidence)],
+        facts,
+    )
+
+
+def _mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
+    """Ranks that timed out in the same collective (group, seq) but report a different op or size.
+
+    The culprit is the strict minority; with an even split (two ranks) the logs cannot tell who
+    departed, and the finding says so — the flight recorder's call-site history can.
+    """
+    by_collective: dict[tuple[str, str], dict[int, LogEvent]] = defaultdict(dict)
+    for event in events:
+        if event.rank is not None and "seq" in event.facts and "op" in event.facts:
+            group = event.facts.get("pg_name") or event.facts.get("pg_id") or "?"
+            by_collective[(group, event.facts["seq"])].setdefault(event.rank, event)
+    for (group, seq), per_rank in sorted(by_collective.items(), key=lambda item: item[0][1]):
+        for what, key in (("op", lambda e: e.facts["op"]), ("size", lambda e: e.facts.get("numel_in"))):
+            values: dict[str, list[int]] = defaultdict(list)
+            for rank, event in sorted(per_rank.items()):
+                values[str(key(event))].append(rank)
+            if len(values) < 2 or "None" in values:
+                continue
+            ranked = sorted(values.items(), key=lambda item: len(item[1]))
+            described = "; ".join(f"{format_ranks(r)}: {value}" for value, r in ranked)
+            culprits = ranked[0][1] if len(ranked[0][1]) < len(ranked[-1][1]) else []
+            verdict = (
+                f"{format_ranks(culprits)} departed from the others"
+                if culprits
+                else "an even split: the logs cannot tell which side departed (run `torchtriage fr` on the "
+                "flight-recorder dumps: the call-site history decides)"
+            )
+            message = f"{what} mismatch in collective seq {seq} of {group}: {described} — {verdict}"
+            evidence = [Evidence("log", e.file, e.line, e.rank, e.text[:500]) for e in per_rank.values()][
+                :_MAX_EVIDENCE
+            ]
+            return culprits, Finding(f"{what}_mismatch", sorted(per_rank), message, "primary", "hang", evidence)
+    return None
 
 
 def _evidence(items: list[_Candidate]) -> list[Evidence]:
@@ -200,11 +309,12 @@ def _findings(candidates: list[_Candidate]) -> list[Finding]:
 
 
 def _merge_facts(primary: _Candidate, related: list[LogEvent]) -> dict:
+    """The primary line's facts, completed by those of the lines of the same category."""
     facts: dict = {}
     for event in ([primary.event] if primary.event else []) + related:
-        for key in _KEY_FACTS:
-            if key in event.facts and key not in facts:
-                facts[key] = event.facts[key]
+        for key, value in event.facts.items():
+            if key not in _RANK_FACTS:
+                facts.setdefault(key, value)
     return facts
 
 
@@ -278,27 +388,11 @@ def build_verdict(records: LogRecords) -> Verdict:
 
     extra_actions: list[Action] = []
     if primary.category in ("nccl_timeout", "hang"):
-        laggers, last_enqueued = lagging_ranks(records.events)
-        if last_enqueued:
-            facts["last_enqueued_by_rank"] = {str(r): s for r, s in sorted(last_enqueued.items())}
-        if laggers:
-            culprits = laggers
-            ahead = sorted(set(last_enqueued) - set(laggers))
-            findings.insert(
-                0,
-                Finding(
-                    "lagging_rank",
-                    laggers,
-                    f"{format_ranks(laggers)} enqueued collectives only up to seq {last_enqueued[laggers[0]]}, "
-                    f"while {format_ranks(ahead)} reached seq {max(last_enqueued.values())}: "
-                    f"{'it' if len(laggers) == 1 else 'they'} never joined the collective the others wait in",
-                    "primary",
-                    primary.category,
-                    _evidence(
-                        [c for c in candidates if c.event and c.rank in laggers and "last_enqueued" in c.event.facts]
-                    ),
-                ),
-            )
+        hang_culprits, hang_findings, hang_facts = _collective_culprits(records, candidates, same_failure)
+        facts.update(hang_facts)
+        findings[0:0] = hang_findings
+        if hang_culprits:
+            culprits = hang_culprits
         elif primary.role != "primary":
             culprits = []  # the ranks that timed out are the victims; the culprit is not in the logs
     if primary.category == "oom":
@@ -325,15 +419,12 @@ def build_verdict(records: LogRecords) -> Verdict:
             "the verdict names the most specific failure, not necessarily the first."
         )
 
-    where = f" at {frame.path}:{frame.line} in {frame.function}" if frame else ""
-    culprit_text = format_ranks(culprits) if culprits else "culprit rank not in the logs"
-    summary = f"{primary.title}: {culprit_text}{where}"
-    detail = _summary_detail(facts)
-    if detail:
-        summary += f" ({detail})"
+    summary = _summary(primary, culprits, frame, facts, findings)
     confidence = {"primary": "high", "symptom": "medium", "collateral": "low"}[primary.role]
-    if primary.category == "unknown":
-        confidence = "low"
+    if any(f.kind in _CULPRIT_FINDINGS and f.ranks == culprits for f in findings) and culprits:
+        confidence = "high"  # the ranks' own records single the culprit out
+    elif primary.category == "unknown":
+        confidence = "medium" if primary.role == "primary" and culprits else "low"
     return Verdict(
         category=primary.category,
         culprit_ranks=culprits,
@@ -345,6 +436,22 @@ def build_verdict(records: LogRecords) -> Verdict:
         sources=records.files_read,
         problems=records.problems,
     )
+
+
+_CULPRIT_FINDINGS = ("op_mismatch", "size_mismatch", "lagging_rank", "collective_mismatch")
+
+
+def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findings: list[Finding]) -> str:
+    """One line: what failed, with its key facts, then who started it and where."""
+    detail = _summary_detail(facts)
+    head = f"{primary.title} ({detail})" if detail else primary.title
+    lead = next((f for f in findings if f.kind in _CULPRIT_FINDINGS), None)
+    if lead is not None:
+        return f"{head}; {lead.message}"
+    if not culprits:
+        return f"{head}; the culprit rank is not in the logs"
+    where = f" at {frame.path}:{frame.line} in {frame.function}" if frame else ""
+    return f"{head} on {format_ranks(culprits)}{where}"
 
 
 def _summary_detail(facts: dict) -> str:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from torchtriage.knowledge.rules import Rule
-from torchtriage.sources.logs import STRUCTURE_MARKERS, literal_trie_regex
+from torchtriage.sources.logs import STRUCTURE_MARKERS, compile_prefilter, longest_literal_regex
 
 
 @dataclass(frozen=True)
@@ -20,21 +19,32 @@ class Matcher:
 
     def __init__(self, rules: tuple[Rule, ...] | list[Rule]):
         self.rules = tuple(rules)
-        self._anchored: list[tuple[str, list[Rule]]] = []
-        by_anchor: dict[str, list[Rule]] = {}
+        by_anchor: dict[str, dict[str, Rule]] = {}
         for rule in self.rules:
             for anchor in rule.anchors:
-                by_anchor.setdefault(anchor, []).append(rule)
-        self._anchored = list(by_anchor.items())
-        self.prefilter: re.Pattern[bytes] = literal_trie_regex(list(by_anchor) + list(STRUCTURE_MARKERS))
+                by_anchor.setdefault(anchor, {})[rule.id] = rule
+        # At a position the lookahead reports only the longest anchor that starts there, so each anchor
+        # also carries the rules of the anchors that are its prefixes.
+        for anchor, rules in by_anchor.items():
+            for other, other_rules in by_anchor.items():
+                if other != anchor and anchor.startswith(other):
+                    rules.update(other_rules)
+        self._rules_by_anchor = by_anchor
+        self._anchor_finder = longest_literal_regex(by_anchor) if by_anchor else None
+        self.superseding = {
+            text: [r.id for r in self.rules if text in r.superseded_by]
+            for rule in self.rules
+            for text in rule.superseded_by
+        }
+        self.prefilter = compile_prefilter(list(by_anchor) + list(self.superseding) + list(STRUCTURE_MARKERS))
 
     def match(self, text: str) -> list[RuleMatch]:
         """Every rule that matches `text`, each with the facts its named groups captured."""
+        if self._anchor_finder is None:
+            return []
         candidates: dict[str, Rule] = {}
-        for anchor, rules in self._anchored:
-            if anchor in text:
-                for rule in rules:
-                    candidates[rule.id] = rule
+        for found_anchor in self._anchor_finder.finditer(text):
+            candidates.update(self._rules_by_anchor[found_anchor.group(1)])
         matches = []
         for rule in candidates.values():
             for pattern in rule.patterns:
@@ -44,3 +54,7 @@ class Matcher:
                     matches.append(RuleMatch(rule, facts))
                     break
         return matches
+
+    def superseded_rules(self, text: str) -> list[str]:
+        """Ids of the rules whose earlier lines `text` withdraws."""
+        return [rule_id for marker, ids in self.superseding.items() if marker in text for rule_id in ids]

@@ -44,6 +44,9 @@ class Rule:
     # Categories whose presence (on any rank) makes this rule's lines the aftermath, not the cause:
     # e.g. peers' NCCL errors after one rank ran out of memory.
     collateral_of: tuple[str, ...] = ()
+    # Literal text that, appearing later in the same file, withdraws this rule's lines: for rules that
+    # describe where a log stops ("NCCL initialised, then nothing"), a later sign of progress refutes them.
+    superseded_by: tuple[str, ...] = ()
     file: str = ""
 
 
@@ -143,6 +146,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         examples=tuple(raw.get("examples", [])),
         example_facts={str(k): str(v) for k, v in (raw.get("example_facts") or {}).items()},
         collateral_of=tuple(raw.get("collateral_of", [])),
+        superseded_by=tuple(raw.get("superseded_by", [])),
         file=file,
     )
 

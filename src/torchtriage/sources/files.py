@@ -6,10 +6,10 @@ is named as such so the user knows which command reads it instead.
 
 from __future__ import annotations
 
-import gzip
 import os
 import re
 import sys
+import zlib
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -97,11 +97,10 @@ def open_text_stream(artifact: Artifact) -> BinaryIO:
     raw.seek(0)
     stream: BinaryIO = raw
     if head.startswith(_GZIP_MAGIC):
-        stream = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+        stream = TolerantGunzip(raw)  # type: ignore[assignment]
         try:
-            head = stream.read(_SNIFF_BYTES)
-            stream.seek(0)
-        except (OSError, EOFError) as err:
+            head = stream.peek(_SNIFF_BYTES)
+        except zlib.error as err:
             raw.close()
             raise Unreadable(f"{artifact.path}: a gzip file that cannot be decompressed ({err}).") from None
     if not head:
@@ -117,3 +116,49 @@ def open_text_stream(artifact: Artifact) -> BinaryIO:
         stream.close()
         raise Unreadable(f"{artifact.path}: binary data, not a text log; skipped.")
     return stream
+
+
+class TolerantGunzip:
+    """Streams a gzip file's content, and keeps what a truncated file holds instead of losing it.
+
+    Python's GzipFile raises at a cut-off end and drops the block it was reading; logs copied off a
+    dying node are often cut, and the lines before the cut are exactly the ones that matter.
+    Concatenated members (`cat a.gz b.gz`) are read one after another.
+    """
+
+    _RAW_CHUNK = 1 << 20
+
+    def __init__(self, raw: BinaryIO):
+        self.raw = raw
+        self.truncated = False
+        self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._pending = b""
+        self._done = False
+
+    def _fill(self, size: int) -> None:
+        while len(self._pending) < size and not self._done:
+            chunk = self.raw.read(self._RAW_CHUNK)
+            if not chunk:
+                self._done = True
+                self.truncated = not self._inflater.eof
+                self._pending += self._inflater.flush() if not self._inflater.eof else b""
+                break
+            self._pending += self._inflater.decompress(chunk)
+            while self._inflater.eof and self._inflater.unused_data:
+                rest = self._inflater.unused_data
+                self._inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._pending += self._inflater.decompress(rest)
+
+    def peek(self, size: int) -> bytes:
+        self._fill(size)
+        return self._pending[:size]
+
+    def read(self, size: int = -1) -> bytes:
+        self._fill(size if size >= 0 else 1 << 62)
+        if size < 0:
+            size = len(self._pending)
+        data, self._pending = self._pending[:size], self._pending[size:]
+        return data
+
+    def close(self) -> None:
+        self.raw.close()

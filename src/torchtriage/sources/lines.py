@@ -63,6 +63,7 @@ def normalise(raw: str) -> Normalised:
     rank: int | None = None
     time: float | None = None
     severity: str | None = None
+    rank_is_global = False
     for _ in range(_MAX_LAYERS):
         peeled = False
         # Rank markers after a log header belong to the message ("[Rank 3] Watchdog caught ..."):
@@ -70,8 +71,11 @@ def normalise(raw: str) -> Normalised:
         for prefix in _RANK_PREFIXES if time is None else ():
             match = prefix.match(text)
             if match:
-                # The outermost prefix is the launcher's; an inner one only fills a gap.
-                rank = int(match.group("rank")) if rank is None else rank
+                # "[default3]:[rank35]:" — torchrun's tee prefix carries the local rank, torch's own
+                # "[rank35]:" the global one: a prefix that says "rank" wins, otherwise the outermost.
+                says_rank = "rank" in match.group(0).lower()
+                if rank is None or (says_rank and not rank_is_global):
+                    rank, rank_is_global = int(match.group("rank")), says_rank
                 text = text[match.end() :]
                 peeled = True
                 break
