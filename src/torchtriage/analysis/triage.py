@@ -346,19 +346,32 @@ def _frame_fact(tb: PyTraceback, frame) -> dict:
 
 
 def _actions(primary: _Candidate, findings: list[Finding], extra: list[Action]) -> list[Action]:
-    seen, actions = set(), []
+    """The actions of the rules involved, the primary failure's first, each fix once.
+
+    Rules of one family repeat a fix under their own titles (arming the flight recorder, say); an
+    action whose command and environment were already given adds nothing.
+    """
+    # What the analysis found about this job comes first; the rules' general advice follows.
+    ordered: list[Action] = [a for a in extra if a.rule == "culprit"]
     rule_ids = [primary.kind] + [f.kind for f in findings if f.role != "collateral"]
-    for rule_id in rule_ids:
+    for rule_id in dict.fromkeys(rule_ids):
         rule = rule_by_id(rule_id)
-        for action in rule.actions if rule else ():
-            if action.title not in seen:
-                seen.add(action.title)
-                actions.append(action)
+        ordered.extend(rule.actions if rule else ())
         if rule_id == primary.kind:
-            for action in extra:  # analyzer-derived actions follow the primary rule's own
-                if action.title not in seen:
-                    seen.add(action.title)
-                    actions.append(action)
+            ordered.extend(a for a in extra if a.rule != "culprit")
+    seen: set = set()
+    actions = []
+    for action in ordered:
+        if (action.command or "").startswith("torchtriage triage"):
+            continue  # the user just ran it: this verdict is that comparison
+
+        keys = {("title", action.title)}
+        if action.command or action.env:
+            keys.add(("fix", action.command, tuple(sorted(action.env.items()))))
+        if keys & seen:
+            continue
+        seen |= keys
+        actions.append(action)
     return actions
 
 
@@ -420,6 +433,9 @@ def build_verdict(records: LogRecords) -> Verdict:
         )
 
     summary = _summary(primary, culprits, frame, facts, findings)
+    culprit_action = _culprit_action(findings, culprits, frame)
+    if culprit_action is not None:
+        extra_actions.insert(0, culprit_action)
     confidence = {"primary": "high", "symptom": "medium", "collateral": "low"}[primary.role]
     if any(f.kind in _CULPRIT_FINDINGS and f.ranks == culprits for f in findings) and culprits:
         confidence = "high"  # the ranks' own records single the culprit out
@@ -436,6 +452,32 @@ def build_verdict(records: LogRecords) -> Verdict:
         sources=records.files_read,
         problems=records.problems,
     )
+
+
+def _culprit_action(findings: list[Finding], culprits: list[int], frame) -> Action | None:
+    """When the ranks' records single out the culprit, the first thing to do is look at its code."""
+    lead = next((f for f in findings if f.kind in _CULPRIT_FINDINGS and f.ranks == culprits), None)
+    if lead is None or not culprits:
+        return None
+    who = format_ranks(culprits)
+    where = f" at {frame.path}:{frame.line} (in {frame.function})" if frame else ""
+    if lead.kind == "collective_mismatch":
+        detail = (
+            f"{who} reached a different collective{where} than the one its peers wait in. Every rank must issue "
+            "the same collectives in the same order: look for a data-dependent branch, an early exit or an "
+            "uneven number of batches on that rank, and make the decision agree across ranks."
+        )
+    elif lead.kind == "lagging_rank":
+        detail = (
+            f"{who} never issued the collective its peers wait in. Read that rank's log just before the timeout for "
+            "an earlier error, and if it is still alive, capture its stack to see the line it is stuck in."
+        )
+    else:
+        detail = (
+            f"{who} called the collective with a different {lead.kind.split('_')[0]}: compare the arguments it "
+            "passes with its peers' (assert_rank_uniform on the shapes pins the diverging rank)."
+        )
+    return Action("culprit", f"Look at what {who} does instead{where}", detail)
 
 
 _CULPRIT_FINDINGS = ("op_mismatch", "size_mismatch", "lagging_rank", "collective_mismatch")

@@ -19,6 +19,7 @@ VERBS = {
     "triage": ("triage", "diagnose failure logs (files, folders, gzip, or - for stdin)"),
     "rules": ("rules", "list the knowledge base: the known failure modes"),
     "explain": ("rules", "show one rule: its cause, the messages it matches, the fixes"),
+    "demo": ("demo", "run a small CPU job in which one rank skips a collective, then diagnose its log"),
 }
 
 

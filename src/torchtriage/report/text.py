@@ -9,6 +9,7 @@ from torchtriage.model import Verdict
 
 _ROLE_LABEL = {"primary": "cause", "symptom": "symptom", "collateral": "collateral"}
 _MAX_FINDINGS = 12
+_MAX_ACTIONS = 6
 
 
 def _use_colour(stream) -> bool:
@@ -50,7 +51,7 @@ def render_text(verdict: Verdict, stream=None) -> str:
             lines.append(dim(f"  … {len(verdict.findings) - _MAX_FINDINGS} more in --json"))
     if verdict.actions:
         lines += ["", bold("what to do")]
-        for index, action in enumerate(verdict.actions, 1):
+        for index, action in enumerate(verdict.actions[:_MAX_ACTIONS], 1):
             lines.append(f"  {index}. {action.title}  {dim('[' + action.rule + ']')}")
             if action.detail:
                 lines.append(f"     {action.detail}")
@@ -58,6 +59,8 @@ def render_text(verdict: Verdict, stream=None) -> str:
                 lines.append(f"     export {name}={value}")
             if action.command:
                 lines.append(f"     $ {action.command}")
+        if len(verdict.actions) > _MAX_ACTIONS:
+            lines.append(dim(f"  … {len(verdict.actions) - _MAX_ACTIONS} more in --json"))
     if verdict.problems:
         lines += ["", bold("could not read everything")]
         lines += [f"  - {problem}" for problem in verdict.problems]

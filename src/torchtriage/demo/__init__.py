@@ -1,0 +1,1 @@
+"""Small distributed training jobs with injected failures, launched by ``torchtriage demo``."""

@@ -1,0 +1,155 @@
+"""Triage on real recordings: 2xH200 NCCL runs and our own torchrun + gloo jobs.
+
+Each case states what a correct diagnosis must say; the ground truth is in the fixtures' READMEs.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, H200, triage_json
+from torchtriage import exit_codes
+
+LOGS = FIXTURES / "logs"
+DEMO_JOB = "src/torchtriage/demo/skip_collective.py"
+
+
+@pytest.mark.parametrize("case, seq", [("skip", "4"), ("size", "5")])
+def test_nccl_watchdog_names_the_rank_that_fell_behind(case, seq):
+    code, verdict = triage_json(H200 / case / "run.log")
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["category"] == "nccl_timeout"
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["confidence"] == "high"
+    facts = verdict["facts"]
+    assert (facts["seq"], facts["op"], facts["timeout_ms"], facts["pg_name"]) == (
+        seq,
+        "ALLREDUCE",
+        "25000",
+        "default_pg",
+    )
+    assert facts["last_enqueued_by_rank"]["0"] > facts["last_enqueued_by_rank"]["1"]
+    lagging = [f for f in verdict["findings"] if f["kind"] == "lagging_rank"]
+    assert lagging and lagging[0]["ranks"] == [1]
+    actions = " ".join(a["title"] + a["detail"] + str(a["env"]) for a in verdict["actions"])
+    assert "TORCH_FR_BUFFER_SIZE" in actions or "flight recorder" in actions.lower()
+
+
+def test_nccl_op_mismatch_at_the_same_seq_is_reported_and_a_two_rank_tie_is_not_guessed():
+    code, verdict = triage_json(H200 / "op" / "run.log")
+    assert verdict["category"] == "nccl_timeout"
+    mismatch = [f for f in verdict["findings"] if f["kind"] == "op_mismatch"]
+    assert mismatch, verdict["findings"]
+    assert mismatch[0]["ranks"] == [0, 1]
+    assert "ALLGATHER" in mismatch[0]["message"] and "ALLREDUCE" in mismatch[0]["message"]
+    # Two ranks, two ops: the logs cannot tell who departed, so no rank is blamed.
+    assert verdict["culprit_ranks"] == []
+    assert "torchtriage fr" in mismatch[0]["message"]
+
+
+def test_cuda_oom_with_memory_facts():
+    code, verdict = triage_json(H200 / "oom.log")
+    assert (code, verdict["category"]) == (exit_codes.PROBLEM_FOUND, "oom")
+    memory = verdict["facts"]["memory_bytes"]
+    assert memory["alloc"] == 16 << 30
+    assert memory["allocated"] == 128 << 30
+    assert memory["reserved_unallocated"] == 0
+    # 0 bytes reserved-but-unallocated: not fragmentation, so no expandable-segments advice first.
+    assert not any(f["kind"] == "oom_fragmentation" for f in verdict["findings"])
+    titles = " ".join(a["title"].lower() for a in verdict["actions"])
+    assert "snapshot" in titles or "memory" in titles
+
+
+def test_fragmented_oom_routes_to_expandable_segments(tmp_path):
+    log = tmp_path / "rank3.log"
+    log.write_text(
+        "[rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total "
+        "capacity of 79.19 GiB of which 1.50 GiB is free. Including non-PyTorch memory, this process has 77.67 GiB "
+        "memory in use. Of the allocated memory 60.10 GiB is allocated by PyTorch, and 16.90 GiB is reserved by "
+        "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.\n"
+    )
+    code, verdict = triage_json(log)
+    assert verdict["category"] == "oom" and verdict["culprit_ranks"] == [3]
+    assert verdict["facts"]["reserved_unallocated_share"] == pytest.approx(16.90 / 77.0, abs=0.01)
+    assert any(f["kind"] == "oom_fragmentation" for f in verdict["findings"])
+    envs = [a["env"] for a in verdict["actions"]]
+    assert {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} in envs
+
+
+def test_diverging_bf16_run_is_nan_inf():
+    code, verdict = triage_json(H200 / "nan" / "run.log")
+    assert verdict["category"] == "nan_inf"
+
+
+def test_a_healthy_nccl_run_is_not_a_failure():
+    code, verdict = triage_json(H200 / "init_info" / "run.log")
+    assert code == exit_codes.OK
+    assert verdict["findings"] == [] and verdict["culprit_ranks"] == []
+
+
+@pytest.mark.parametrize(
+    "path, culprit, waiting",
+    [
+        ("gloo_skip_allreduce/run.log", 1, [0]),
+        ("gloo_skip_allreduce_tee/run.log", 1, [0]),
+        ("gloo_skip_allreduce_rank0/run.log", 0, [1]),
+        ("gloo_skip_4ranks/run.log", 2, [0, 1, 3]),
+        ("per_rank_files", 1, [0]),
+    ],
+)
+def test_a_skipped_collective_names_the_rank_that_was_elsewhere(path, culprit, waiting):
+    code, verdict = triage_json(LOGS / path)
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["culprit_ranks"] == [culprit]
+    assert verdict["confidence"] == "high"
+    frame = verdict["facts"]["user_frame"]
+    assert frame["file"].endswith(DEMO_JOB) and frame["line"] == 109 and frame["rank"] == culprit
+    by_rank = verdict["facts"]["collective_by_rank"]
+    assert by_rank[str(culprit)] == "barrier"
+    assert all(by_rank[str(r)] == "all_reduce" for r in waiting)
+    # The gloo "connection closed" the culprit saw is reported as collateral, not as the cause.
+    roles = {f["kind"]: f["role"] for f in verdict["findings"]}
+    assert roles.get("gloo.peer_connection_closed") == "collateral"
+    # torchrun's "Root Cause" is only the first child that exited; it is kept as a fact.
+    assert "culprit rank" not in verdict["summary"]
+    # The first thing to do is to look at the culprit's own line.
+    first = verdict["actions"][0]
+    assert first["rule"] == "culprit" and f"rank {culprit}" in first["title"] and ":109" in first["title"]
+
+
+@pytest.mark.parametrize("path", ["raise_in_rank/run.log", "raise_in_rank_filtered"])
+def test_an_exception_on_one_rank_is_the_cause_and_its_peers_errors_collateral(path):
+    code, verdict = triage_json(LOGS / path)
+    assert verdict["culprit_ranks"] == [1]
+    frame = verdict["facts"]["user_frame"]
+    job = Path(__file__).parent / "jobs" / "raise_in_rank.py"
+    raise_line = next(n for n, text in enumerate(job.read_text().splitlines(), 1) if "raise ValueError" in text)
+    assert frame["file"].endswith("tests/jobs/raise_in_rank.py")
+    assert (frame["line"], frame["function"]) == (raise_line, "check_features")
+    assert "ValueError" in verdict["summary"]
+    assert verdict["findings"][0]["role"] == "primary"
+
+
+def test_a_sigkilled_rank_is_host_oom_with_its_exit_code():
+    code, verdict = triage_json(LOGS / "sigkill_rank" / "run.log")
+    assert verdict["category"] == "host_oom"
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["facts"]["exit_codes"]["1"] == -9
+
+
+def test_gloo_size_check_abort_is_a_collective_mismatch():
+    code, verdict = triage_json(LOGS / "size_mismatch" / "run.log")
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["category"] == "hang"
+    assert verdict["findings"][0]["kind"] == "gloo.size_mismatch"
+    assert (verdict["facts"]["received_bytes"], verdict["facts"]["expected_bytes"]) == ("36", "20")
+    # Only the launcher ties the abort to a rank: exit code -6 (SIGABRT) on rank 0.
+    assert verdict["facts"]["exit_codes"]["0"] == -6
+
+
+def test_loss_going_non_finite_reports_the_first_bad_step():
+    code, verdict = triage_json(LOGS / "nonfinite" / "run.log")
+    assert verdict["category"] == "nan_inf"
+    first = verdict["findings"][0]["evidence"][0]
+    assert "step 16" in first["text"]
