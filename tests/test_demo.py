@@ -3,8 +3,8 @@
 import json
 
 import pytest
-from conftest import run_cli
 
+from conftest import run_cli
 from torchtriage import exit_codes
 
 pytest.importorskip("torch")

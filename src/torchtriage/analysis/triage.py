@@ -490,6 +490,8 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
     lead = next((f for f in findings if f.kind in _CULPRIT_FINDINGS), None)
     if lead is not None:
         return f"{head}; {lead.message}"
+    if not culprits and primary.role == "primary":
+        return f"{head}; the log does not say which rank"
     if not culprits:
         return f"{head}; the culprit rank is not in the logs"
     where = f" at {frame.path}:{frame.line} in {frame.function}" if frame else ""

@@ -1,0 +1,110 @@
+"""Category accuracy and a confusion matrix of `torchtriage triage` on labelled real logs.
+
+Usage: python benchmarks/triage_eval.py [LABELLED.jsonl ...] [--show-misses] [--json]
+
+Each line of the JSONL needs `excerpt` (the log text) and `label` (the expected category); `id` and
+`key_facts` are used when present. Defaults to the development corpus beside the checkout.
+
+Besides accuracy it reports how many of the numbers a good diagnosis names (ranks, sequence numbers,
+sizes, timeouts, Xids — the digits in `key_facts`) the verdict carries in its facts or evidence: a
+rough but honest proxy for "extracts the key facts wherever the log states them".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections import Counter
+from pathlib import Path
+
+from torchtriage.analysis.pipeline import triage_text
+from torchtriage.model import CATEGORIES
+
+DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "dev_logs.jsonl"
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+
+
+def load(paths: list[Path]) -> list[dict]:
+    rows = []
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                row = json.loads(line)
+                row.setdefault("id", f"{path.name}:{number}")
+                rows.append(row)
+    return rows
+
+
+def numbers_in_excerpt_facts(row: dict) -> set[str]:
+    """Numbers named in key_facts that also occur in the excerpt (so the log states them)."""
+    stated = set(_NUMBER.findall(row["excerpt"]))
+    wanted = set()
+    for fact in row.get("key_facts") or []:
+        wanted |= {n for n in _NUMBER.findall(str(fact)) if n in stated}
+    return wanted
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_CORPUS])
+    parser.add_argument("--show-misses", action="store_true", help="print each misclassified excerpt's verdict")
+    parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    args = parser.parse_args()
+    rows = load(args.paths)
+    confusion: Counter[tuple[str, str]] = Counter()
+    misses = []
+    wanted_total = found_total = 0
+    for row in rows:
+        verdict = triage_text(row["excerpt"], row["id"])
+        confusion[(row["label"], verdict.category)] += 1
+        if verdict.category != row["label"]:
+            misses.append((row, verdict))
+        wanted = numbers_in_excerpt_facts(row)
+        carried = json.dumps(verdict.to_json()["facts"]) + " ".join(
+            ev.text for f in verdict.findings for ev in f.evidence
+        )
+        carried_numbers = set(_NUMBER.findall(carried))
+        wanted_total += len(wanted)
+        found_total += len(wanted & carried_numbers)
+
+    correct = sum(n for (label, got), n in confusion.items() if label == got)
+    accuracy = correct / len(rows) if rows else 0.0
+    labels = [c for c in CATEGORIES if any(c in key for key in confusion)]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "n": len(rows),
+                    "accuracy": accuracy,
+                    "facts_found": found_total,
+                    "facts_wanted": wanted_total,
+                    "confusion": {f"{a}->{b}": n for (a, b), n in sorted(confusion.items())},
+                    "misses": [row["id"] for row, _ in misses],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"excerpts: {len(rows)}   category accuracy: {correct}/{len(rows)} = {accuracy:.1%}")
+    if wanted_total:
+        print(f"key numbers carried in facts/evidence: {found_total}/{wanted_total} = {found_total / wanted_total:.1%}")
+    short = {c: c[:8] for c in labels}
+    print("\nconfusion (rows: label, columns: verdict)")
+    print(" " * 15 + " ".join(f"{short[c]:>8}" for c in labels))
+    for label in labels:
+        cells = " ".join(f"{confusion[(label, got)] or '.':>8}" for got in labels)
+        print(f"{label:>14} {cells}")
+    if misses:
+        print("\nmisclassified:")
+        for row, verdict in misses:
+            print(f"  {row['id']}: label {row['label']}, verdict {verdict.category} — {verdict.summary[:140]}")
+            if args.show_misses:
+                for finding in verdict.findings[:4]:
+                    print(f"      [{finding.role}] {finding.kind}: {finding.message[:140]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
