@@ -126,7 +126,10 @@ class _FileReader:
                 self.superseded_before[rule_id] = line_no
         for found in self.matcher.match(text):
             event_rank = rank
-            if event_rank is None and "rank" in found.facts and found.facts["rank"].isdigit():
+            named = found.facts.get(found.rule.rank_fact) if found.rule.rank_fact else None
+            if named is not None and named.isdigit():
+                event_rank = int(named)  # the line is about another rank than the one printing it
+            elif event_rank is None and "rank" in found.facts and found.facts["rank"].isdigit():
                 event_rank = int(found.facts["rank"])
             if event_rank is not None:
                 self.records.ranks_seen.add(event_rank)

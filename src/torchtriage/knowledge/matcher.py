@@ -51,7 +51,8 @@ class Matcher:
                 found = pattern.search(text)
                 if found:
                     facts = {k: v.strip() for k, v in found.groupdict().items() if v is not None}
-                    matches.append(RuleMatch(rule, facts))
+                    if rule.accepts(facts):
+                        matches.append(RuleMatch(rule, facts))
                     break
         return matches
 

@@ -47,7 +47,22 @@ class Rule:
     # Literal text that, appearing later in the same file, withdraws this rule's lines: for rules that
     # describe where a log stops ("NCCL initialised, then nothing"), a later sign of progress refutes them.
     superseded_by: tuple[str, ...] = ()
+    # The fact that names the rank a line is about, when that is not the rank that printed it
+    # (a rank-0 report naming the slowest rank).
+    rank_fact: str | None = None
+    # A line counts only when facts[numerator] / facts[denominator] >= at_least.
+    ratio: tuple[str, str, float] | None = None
     file: str = ""
+
+    def accepts(self, facts: dict[str, str]) -> bool:
+        """Whether a matching line's facts meet the rule's condition, if it has one."""
+        if self.ratio is None:
+            return True
+        numerator, denominator, at_least = self.ratio
+        try:
+            return float(facts[numerator]) >= at_least * float(facts[denominator])
+        except (KeyError, ValueError):
+            return False
 
 
 def _regex_internals():
@@ -106,6 +121,15 @@ def _actions(rule_id: str, raw: list[dict]) -> tuple[Action, ...]:
     return tuple(actions)
 
 
+def _ratio(raw: dict | None, where: str) -> tuple[str, str, float] | None:
+    if raw is None:
+        return None
+    try:
+        return str(raw["numerator"]), str(raw["denominator"]), float(raw["at_least"])
+    except (KeyError, TypeError, ValueError):
+        raise RuleError(f"{where}: `ratio` needs numerator, denominator and at_least") from None
+
+
 def _build_rule(raw: dict, file: str) -> Rule:
     rule_id = raw.get("id", "<no id>")
     where = f"{file}: rule {rule_id}"
@@ -147,6 +171,8 @@ def _build_rule(raw: dict, file: str) -> Rule:
         example_facts={str(k): str(v) for k, v in (raw.get("example_facts") or {}).items()},
         collateral_of=tuple(raw.get("collateral_of", [])),
         superseded_by=tuple(raw.get("superseded_by", [])),
+        rank_fact=raw.get("rank_fact"),
+        ratio=_ratio(raw.get("ratio"), where),
         file=file,
     )
 

@@ -1,0 +1,106 @@
+"""How the verdict is reasoned, on logs written from the real message formats."""
+
+from conftest import triage_json
+from torchtriage import exit_codes
+
+OOM = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of "
+    "79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in use. "
+    "Of the allocated memory 75.11 GiB is allocated by PyTorch, and 1.32 GiB is reserved by PyTorch but unallocated."
+)
+WATCHDOG = (
+    "[PG ID 0 PG GUID 0(default_pg) Rank {rank}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, "
+    "OpType=ALLREDUCE, NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600043 milliseconds before "
+    "timing out."
+)
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_oom_that_came_first_is_the_cause_and_the_peers_timeouts_its_aftermath(tmp_path):
+    write(tmp_path, "rank0.log", [f"[E1130 10:20:05.000000000 ProcessGroupNCCL.cpp:689] {WATCHDOG.format(rank=0)}"])
+    write(tmp_path, "rank3.log", [f"[E1130 10:10:01.000000000 train.py:88] {OOM}"])
+    write(tmp_path, "rank5.log", [f"[E1130 10:20:06.000000000 ProcessGroupNCCL.cpp:689] {WATCHDOG.format(rank=5)}"])
+    code, verdict = triage_json(tmp_path)
+    assert (code, verdict["category"], verdict["culprit_ranks"]) == (exit_codes.PROBLEM_FOUND, "oom", [3])
+    assert verdict["facts"]["order_basis"] == "timestamps"
+    roles = {f["kind"]: f["role"] for f in verdict["findings"]}
+    assert roles["nccl.watchdog_timeout"] == "symptom"
+    assert verdict["findings"][0]["kind"].startswith("oom.")
+
+
+def test_a_launch_failure_on_a_peer_of_an_oom_rank_is_collateral(tmp_path):
+    write(tmp_path, "rank1.log", ["RuntimeError: CUDA error: unspecified launch failure"])
+    write(tmp_path, "rank2.log", [OOM])
+    code, verdict = triage_json(tmp_path)
+    assert verdict["category"] == "oom" and verdict["culprit_ranks"] == [2]
+    roles = {f["kind"]: f["role"] for f in verdict["findings"]}
+    assert roles["gpu_fault.launch_failure"] == "collateral"
+
+
+def test_without_comparable_times_across_files_the_verdict_says_so(tmp_path):
+    write(tmp_path, "rank1.log", ["RuntimeError: CUDA error: an illegal memory access was encountered"])
+    write(tmp_path, "rank2.log", ["RuntimeError: CUDA error: an illegal memory access was encountered"])
+    code, verdict = triage_json(tmp_path)
+    assert verdict["category"] == "gpu_fault" and verdict["culprit_ranks"] == [1, 2]
+    assert any("could not be established" in p for p in verdict["problems"])
+
+
+def test_watchdog_timeouts_alone_do_not_blame_the_ranks_that_waited(tmp_path):
+    write(
+        tmp_path,
+        "job.log",
+        [f"[rank{r}]:[E1130 10:20:0{r}.0 ProcessGroupNCCL.cpp:689] " + WATCHDOG.format(rank=r) for r in (0, 1, 2)],
+    )
+    code, verdict = triage_json(tmp_path / "job.log")
+    assert verdict["category"] == "nccl_timeout"
+    assert verdict["culprit_ranks"] == []  # rank 3 never printed: it is the suspect, not 0-2
+    assert verdict["facts"]["seq"] == "812" and verdict["facts"]["timeout_ms"] == "600000"
+    assert verdict["facts"]["numel_in"] == "1048576"
+
+
+def test_rank0_can_be_the_culprit(tmp_path):
+    lines = [
+        "[rank1]:[E1130 10:20:01.0 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 1]  failure "
+        "detected by watchdog at work sequence id: 812 PG status: last enqueued work: 812, last completed work: 811",
+        "[rank2]:[E1130 10:20:01.5 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 2]  failure "
+        "detected by watchdog at work sequence id: 812 PG status: last enqueued work: 812, last completed work: 811",
+        "[rank0]:[E1130 10:20:02.0 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) Rank 0] Received a dump "
+        "signal due to a collective timeout from  rank 1 and we will try our best to dump the debug info. Last "
+        "enqueued NCCL work: 811, last completed NCCL work: 811.",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert verdict["culprit_ranks"] == [0]
+    assert verdict["facts"]["last_enqueued_by_rank"] == {"0": 811, "1": 812, "2": 812}
+
+
+def test_a_log_that_stops_after_nccl_init_is_a_hang_unless_it_went_on(tmp_path):
+    init = "node1:100:200 [0] NCCL INFO comm 0x5566 rank 0 nranks 8 cudaDev 0 busId 1b000 - Init COMPLETE"
+    code, verdict = triage_json(write(tmp_path, "stuck.log", ["NCCL version 2.21.5+cuda12.4", init]))
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.PROBLEM_FOUND, "hang", "low")
+    done = "node1:100:100 [0] NCCL INFO comm 0x5566 rank 0 nranks 8 cudaDev 0 busId 1b000 - Destroy COMPLETE"
+    code, verdict = triage_json(write(tmp_path, "clean.log", [init, "step 1 loss 2.0", done]))
+    assert (code, verdict["findings"]) == (exit_codes.OK, [])
+
+
+def test_a_straggler_report_names_the_slow_rank_only_when_the_spread_is_large(tmp_path):
+    report = (
+        "INFO:megatron.core.utils:[2026-11-30 04:10:02] | MnRtt/Rnk: 1410.22ms/5 | MxRtt/Rnk: {slow}ms/12 | "
+        "MnPwr/Rnk: 601796W/12 | MxPwr/Rnk: 683801W/3"
+    )
+    code, verdict = triage_json(write(tmp_path, "slow.log", [" 0: " + report.format(slow="1873.90")]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("straggler", [12])
+    assert any((a["command"] or "").startswith("torchtriage trace") for a in verdict["actions"])
+    code, verdict = triage_json(write(tmp_path, "even.log", [" 0: " + report.format(slow="1450.00")]))
+    assert (code, verdict["findings"]) == (exit_codes.OK, [])
+
+
+def test_stdin_with_srun_labels_and_colour(tmp_path):
+    text = f"\x1b[31m 7: {OOM}\x1b[0m\r\n 2: step 10 loss 1.0\r\n".encode()
+    code, verdict = triage_json("-", stdin=text)
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [7])
+    assert verdict["sources"] == ["<stdin>"]
