@@ -15,16 +15,18 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from torchtriage.analysis.collective_positions import collective_of, odd_ones_out, positions
+from torchtriage.analysis.collective_positions import collective_of
+from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
+from torchtriage.analysis.frames import innermost_user_frame
 from torchtriage.analysis.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 from torchtriage.analysis.memory_facts import memory_findings
+from torchtriage.analysis.ranks import format_ranks
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Action, Evidence, Finding, Verdict
 
 _MAX_EVIDENCE = 4
 # Exceptions a launcher raises about its children: never the cause, always a report of it.
 _LAUNCHER_EXCEPTIONS = ("ChildFailedError", "SignalException")
-_LIBRARY_PATH_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/torch/", "<string>")
 # Per-line facts that describe the line's rank rather than the failure; ranks are reported apart.
 _RANK_FACTS = ("rank", "group_rank", "local_rank")
 
@@ -45,14 +47,6 @@ class _Candidate:
     order: int
     text: str
     event: LogEvent | None = None
-
-
-def is_user_frame(path: str) -> bool:
-    return not any(marker in path for marker in _LIBRARY_PATH_MARKERS)
-
-
-def innermost_user_frame(traceback: PyTraceback):
-    return next((frame for frame in reversed(traceback.frames) if is_user_frame(frame.path)), None)
 
 
 def _effective_roles(events: list[LogEvent]) -> list[str]:
@@ -161,135 +155,12 @@ def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
     return min(pool, key=lambda c: c.order), basis
 
 
-def lagging_ranks(events: list[LogEvent]) -> tuple[list[int], dict[int, int]]:
-    """Ranks whose last enqueued collective is older than their peers' (from watchdog reports)."""
-    last_enqueued: dict[int, int] = {}
-    for event in events:
-        value = event.facts.get("last_enqueued")
-        if event.rank is not None and value and value.isdigit():
-            last_enqueued[event.rank] = max(last_enqueued.get(event.rank, 0), int(value))
-    if len(last_enqueued) < 2 or len(set(last_enqueued.values())) < 2:
-        return [], last_enqueued
-    lowest = min(last_enqueued.values())
-    return sorted(r for r, seq in last_enqueued.items() if seq == lowest), last_enqueued
-
-
-def _collective_culprits(
-    records: LogRecords, candidates: list[_Candidate], timed_out: list[_Candidate]
-) -> tuple[list[int], list[Finding], dict]:
-    """For a timeout or hang: the ranks that never joined the collective the others wait in.
-
-    Two independent readings, the first that names someone wins: the watchdog's sequence numbers
-    (a rank whose last enqueued collective is older than its peers'), then the tracebacks (a rank
-    whose stack is in another collective, or in none, while the timed-out ranks wait in one).
-    """
-    facts: dict = {}
-    mismatch = _mismatch_at_same_seq(records.events)
-    if mismatch is not None:
-        mismatch_culprits, finding = mismatch
-        if mismatch_culprits:
-            return mismatch_culprits, [finding], facts
-        findings_so_far = [finding]
-    else:
-        findings_so_far = []
-    laggers, last_enqueued = lagging_ranks(records.events)
-    if last_enqueued:
-        facts["last_enqueued_by_rank"] = {str(r): s for r, s in sorted(last_enqueued.items())}
-    if laggers:
-        ahead = sorted(set(last_enqueued) - set(laggers))
-        evidence = _evidence(
-            [c for c in candidates if c.event and c.rank in laggers and "last_enqueued" in c.event.facts]
-        )
-        message = (
-            f"{format_ranks(laggers)} enqueued collectives only up to seq {last_enqueued[laggers[0]]}, while "
-            f"{format_ranks(ahead)} reached seq {max(last_enqueued.values())}: "
-            f"{'it' if len(laggers) == 1 else 'they'} never joined the collective the others wait in"
-        )
-        return (
-            laggers,
-            findings_so_far + [Finding("lagging_rank", laggers, message, "primary", "hang", evidence)],
-            facts,
-        )
-
-    found = positions(records.tracebacks, lambda tb: innermost_user_frame(tb))
-    if found:
-        facts["collective_by_rank"] = {str(r): p.collective for r, p in sorted(found.items())}
-    waiting = {c.rank for c in timed_out if c.rank is not None}
-    culprits, expected = odd_ones_out(found, waiting)
-    if not culprits:
-        return [], findings_so_far, facts
-    others = sorted(set(found) - set(culprits))
-    parts = []
-    for rank in culprits:
-        where = found[rank]
-        site = f" at {where.call_site.path}:{where.call_site.line}" if where.call_site else ""
-        parts.append(f"rank {rank} was in {where.collective or 'no collective'}{site}")
-    message = f"{'; '.join(parts)}, while {format_ranks(others)} waited in {expected}"
-    evidence = [
-        Evidence("log", tb.file, tb.exception_line or tb.line, tb.rank, f"{tb.exception}: {tb.message}"[:500])
-        for tb in records.tracebacks
-        if tb.rank in culprits
-    ][-_MAX_EVIDENCE:]
-    return (
-        culprits,
-        findings_so_far + [Finding("collective_mismatch", culprits, message, "primary", "hang", evidence)],
-        facts,
-    )
-
-
-def _mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
-    """Ranks that timed out in the same collective (group, seq) but report a different op or size.
-
-    The culprit is the strict minority; with an even split (two ranks) the logs cannot tell who
-    departed, and the finding says so — the flight recorder's call-site history can.
-    """
-    by_collective: dict[tuple[str, str], dict[int, LogEvent]] = defaultdict(dict)
-    for event in events:
-        if event.rank is not None and "seq" in event.facts and "op" in event.facts:
-            group = event.facts.get("pg_name") or event.facts.get("pg_id") or "?"
-            by_collective[(group, event.facts["seq"])].setdefault(event.rank, event)
-    for (group, seq), per_rank in sorted(by_collective.items(), key=lambda item: item[0][1]):
-        for what, key in (("op", lambda e: e.facts["op"]), ("size", lambda e: e.facts.get("numel_in"))):
-            values: dict[str, list[int]] = defaultdict(list)
-            for rank, event in sorted(per_rank.items()):
-                values[str(key(event))].append(rank)
-            if len(values) < 2 or "None" in values:
-                continue
-            ranked = sorted(values.items(), key=lambda item: len(item[1]))
-            described = "; ".join(f"{format_ranks(r)}: {value}" for value, r in ranked)
-            culprits = ranked[0][1] if len(ranked[0][1]) < len(ranked[-1][1]) else []
-            verdict = (
-                f"{format_ranks(culprits)} departed from the others"
-                if culprits
-                else "an even split: the logs cannot tell which side departed (run `torchtriage fr` on the "
-                "flight-recorder dumps: the call-site history decides)"
-            )
-            message = f"{what} mismatch in collective seq {seq} of {group}: {described} — {verdict}"
-            evidence = [Evidence("log", e.file, e.line, e.rank, e.text[:500]) for e in per_rank.values()][
-                :_MAX_EVIDENCE
-            ]
-            return culprits, Finding(f"{what}_mismatch", sorted(per_rank), message, "primary", "hang", evidence)
-    return None
-
-
 def _evidence(items: list[_Candidate]) -> list[Evidence]:
     return [Evidence("log", c.file, c.line, c.rank, c.text[:500]) for c in items[:_MAX_EVIDENCE]]
 
 
 def _rank_list(ranks: set[int | None]) -> list[int]:
     return sorted(r for r in ranks if r is not None)
-
-
-def format_ranks(ranks: list[int]) -> str:
-    """'rank 3', 'ranks 0-3, 7'."""
-    if not ranks:
-        return "no rank identified"
-    spans, start = [], ranks[0]
-    for prev, cur in zip(ranks, ranks[1:] + [None], strict=True):
-        if cur is None or cur != prev + 1:
-            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = cur
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
 
 
 def _findings(candidates: list[_Candidate]) -> list[Finding]:
@@ -401,7 +272,8 @@ def build_verdict(records: LogRecords) -> Verdict:
 
     extra_actions: list[Action] = []
     if primary.category in ("nccl_timeout", "hang"):
-        hang_culprits, hang_findings, hang_facts = _collective_culprits(records, candidates, same_failure)
+        waiting = {c.rank for c in same_failure if c.rank is not None}
+        hang_culprits, hang_findings, hang_facts = collective_culprits(records, waiting)
         facts.update(hang_facts)
         findings[0:0] = hang_findings
         if hang_culprits:
@@ -480,7 +352,7 @@ def _culprit_action(findings: list[Finding], culprits: list[int], frame) -> Acti
     return Action("culprit", f"Look at what {who} does instead{where}", detail)
 
 
-_CULPRIT_FINDINGS = ("op_mismatch", "size_mismatch", "lagging_rank", "collective_mismatch")
+_CULPRIT_FINDINGS = TIMEOUT_KINDS
 
 
 def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findings: list[Finding]) -> str:

@@ -1,0 +1,188 @@
+"""For a collective timeout or hang: which rank never joined the collective the others wait in.
+
+Three readings of the logs, tried in order; the first that singles someone out decides:
+
+1. the same collective (process group, sequence number) reported with a different op or size;
+2. the watchdog's progress counters: where three or more ranks report, the minority whose last
+   enqueued collective differs from the majority's; with fewer, a rank with nothing in flight while
+   its peers wait. Two ranks each waiting in a different collective cannot be told apart from
+   counters alone (one skipped a collective, or the other issued an extra one), and the finding
+   says so instead of guessing;
+3. the Python tracebacks: a rank whose stack is in another collective, or in none, while the ranks
+   that timed out wait in one.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from torchtriage.analysis.collective_positions import odd_ones_out, positions
+from torchtriage.analysis.frames import innermost_user_frame
+from torchtriage.analysis.log_records import LogEvent, LogRecords
+from torchtriage.analysis.ranks import format_ranks
+from torchtriage.model import Evidence, Finding
+
+_MAX_EVIDENCE = 4
+TIMEOUT_KINDS = ("op_mismatch", "size_mismatch", "lagging_rank", "idle_rank", "collective_mismatch")
+
+
+@dataclass
+class RankProgress:
+    rank: int
+    last_enqueued: int
+    last_completed: int | None
+    timed_out: bool  # the rank's own watchdog reported a timed-out collective
+    evidence: LogEvent
+
+    @property
+    def waiting(self) -> bool:
+        """Something is in flight on this rank: it is inside a collective."""
+        pending = self.last_completed is not None and self.last_completed < self.last_enqueued
+        return self.timed_out or pending
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def progress_by_rank(events: list[LogEvent]) -> dict[int, RankProgress]:
+    """Each rank's latest watchdog counters, and whether its own watchdog fired."""
+    timed_out = {e.rank for e in events if e.rank is not None and "timeout_ms" in e.facts and "seq" in e.facts}
+    progress: dict[int, RankProgress] = {}
+    for event in events:
+        enqueued = _int(event.facts.get("last_enqueued"))
+        if event.rank is None or enqueued is None:
+            continue
+        known = progress.get(event.rank)
+        if known is None or enqueued >= known.last_enqueued:
+            completed = _int(event.facts.get("last_completed"))
+            progress[event.rank] = RankProgress(event.rank, enqueued, completed, event.rank in timed_out, event)
+    return progress
+
+
+def _evidence_of(events: list[LogEvent]) -> list[Evidence]:
+    return [Evidence("log", e.file, e.line, e.rank, e.text[:500]) for e in events[:_MAX_EVIDENCE]]
+
+
+def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Finding | None]:
+    """Reading 2: the ranks whose progress departs from their peers'."""
+    if len(progress) < 2 or len({p.last_enqueued for p in progress.values()}) < 2:
+        return [], None
+    counts = Counter(p.last_enqueued for p in progress.values()).most_common()
+    described = "; ".join(
+        f"{format_ranks(sorted(r for r, p in progress.items() if p.last_enqueued == seq))} at seq {seq}"
+        for seq, _ in sorted(counts)
+    )
+    if len(progress) >= 3 and counts[0][1] > len(progress) / 2:
+        majority = counts[0][0]
+        culprits = sorted(r for r, p in progress.items() if p.last_enqueued != majority)
+        message = (
+            f"last enqueued collective: {described}: {format_ranks(culprits)} departed from the majority "
+            f"(seq {majority})"
+        )
+        evidence = _evidence_of([progress[r].evidence for r in culprits])
+        return culprits, Finding("lagging_rank", culprits, message, "primary", "hang", evidence)
+    idle = sorted(r for r, p in progress.items() if not p.waiting)
+    busy = sorted(r for r, p in progress.items() if p.waiting)
+    if idle and busy:
+        message = (
+            f"{format_ranks(idle)} had no collective in flight (last enqueued = last completed) while "
+            f"{format_ranks(busy)} waited in one ({described}): "
+            f"{'it' if len(idle) == 1 else 'they'} never joined the collective the others wait in"
+        )
+        evidence = _evidence_of([progress[r].evidence for r in idle])
+        return idle, Finding("idle_rank", idle, message, "primary", "hang", evidence)
+    message = (
+        f"the ranks wait in different collectives ({described}): one side skipped a collective or the other "
+        "issued an extra one, and the logs cannot tell which (run `torchtriage fr` on the flight-recorder "
+        "dumps, or `torchtriage diagnose` on the live job: the call sites decide)"
+    )
+    evidence = _evidence_of([p.evidence for p in progress.values()])
+    return [], Finding("lagging_rank", sorted(progress), message, "symptom", "hang", evidence)
+
+
+def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
+    """Reading 1: ranks that timed out in the same collective but report a different op or size.
+
+    The culprit is the strict minority; with an even split (two ranks) the logs cannot tell who
+    departed, and the finding says so — the flight recorder's call-site history can.
+    """
+    by_collective: dict[tuple[str, str], dict[int, LogEvent]] = defaultdict(dict)
+    for event in events:
+        if event.rank is not None and "seq" in event.facts and "op" in event.facts:
+            group = event.facts.get("pg_name") or event.facts.get("pg_id") or "?"
+            by_collective[(group, event.facts["seq"])].setdefault(event.rank, event)
+    for (group, seq), per_rank in sorted(by_collective.items(), key=lambda item: item[0][1]):
+        for what, key in (("op", lambda e: e.facts["op"]), ("size", lambda e: e.facts.get("numel_in"))):
+            values: dict[str, list[int]] = defaultdict(list)
+            for rank, event in sorted(per_rank.items()):
+                values[str(key(event))].append(rank)
+            if len(values) < 2 or "None" in values:
+                continue
+            ranked = sorted(values.items(), key=lambda item: len(item[1]))
+            described = "; ".join(f"{format_ranks(r)}: {value}" for value, r in ranked)
+            culprits = ranked[0][1] if len(ranked[0][1]) < len(ranked[-1][1]) else []
+            verdict = (
+                f"{format_ranks(culprits)} departed from the others"
+                if culprits
+                else "an even split: the logs cannot tell which side departed (run `torchtriage fr` on the "
+                "flight-recorder dumps: the call-site history decides)"
+            )
+            message = f"{what} mismatch in collective seq {seq} of {group}: {described} — {verdict}"
+            role = "primary" if culprits else "symptom"
+            finding = Finding(
+                f"{what}_mismatch", sorted(per_rank), message, role, "hang", _evidence_of(list(per_rank.values()))
+            )
+            return culprits, finding
+    return None
+
+
+def traceback_outliers(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], Finding | None, dict]:
+    """Reading 3: a rank whose Python stack is in another collective, or none."""
+    found = positions(records.tracebacks, innermost_user_frame)
+    facts = {"collective_by_rank": {str(r): p.collective for r, p in sorted(found.items())}} if found else {}
+    culprits, expected = odd_ones_out(found, waiting_ranks)
+    if not culprits:
+        return [], None, facts
+    others = sorted(set(found) - set(culprits))
+    parts = []
+    for rank in culprits:
+        where = found[rank]
+        site = f" at {where.call_site.path}:{where.call_site.line}" if where.call_site else ""
+        parts.append(f"rank {rank} was in {where.collective or 'no collective'}{site}")
+    message = f"{'; '.join(parts)}, while {format_ranks(others)} waited in {expected}"
+    evidence = [
+        Evidence("log", tb.file, tb.exception_line or tb.line, tb.rank, f"{tb.exception}: {tb.message}"[:500])
+        for tb in records.tracebacks
+        if tb.rank in culprits
+    ][-_MAX_EVIDENCE:]
+    return culprits, Finding("collective_mismatch", culprits, message, "primary", "hang", evidence), facts
+
+
+def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], list[Finding], dict]:
+    """The culprit ranks of a collective timeout, the findings that show it, and the facts read."""
+    findings: list[Finding] = []
+    mismatch = mismatch_at_same_seq(records.events)
+    if mismatch is not None:
+        culprits, finding = mismatch
+        findings.append(finding)
+        if culprits:
+            return culprits, findings, {}
+    progress = progress_by_rank(records.events)
+    facts: dict = {}
+    if progress:
+        facts["last_enqueued_by_rank"] = {str(r): p.last_enqueued for r, p in sorted(progress.items())}
+    culprits, finding = sequence_outliers(progress)
+    if finding is not None:
+        findings.append(finding)
+    if culprits:
+        return culprits, findings, facts
+    culprits, finding, traceback_facts = traceback_outliers(records, waiting_ranks)
+    facts.update(traceback_facts)
+    if finding is not None:
+        findings.append(finding)
+    return culprits, findings, facts
