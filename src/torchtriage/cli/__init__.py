@@ -17,6 +17,7 @@ from torchtriage.errors import TriageError
 # verb -> (module under torchtriage.cli, one-line help)
 VERBS = {
     "triage": ("triage", "diagnose failure logs (files, folders, gzip, or - for stdin)"),
+    "fr": ("fr", "analyse flight-recorder dumps: the first collective where ranks disagree, and the culprit"),
     "rules": ("rules", "list the knowledge base: the known failure modes"),
     "explain": ("rules", "show one rule: its cause, the messages it matches, the fixes"),
     "demo": ("demo", "run a small CPU job in which one rank skips a collective, then diagnose its log"),

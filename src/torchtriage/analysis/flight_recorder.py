@@ -1,0 +1,803 @@
+"""Flight-recorder records -> the first point where ranks disagree, the culprit, one Verdict.
+
+Pure: takes the loaded dumps, returns a `Verdict`. The reasoning, per process group:
+1. members from `pg_config` (gloo records none: the default group is then every rank up to the highest seen,
+   a subgroup the ranks that recorded it); members without a dump are named and treated as unknown;
+2. align the ranks by `collective_seq_id` from the latest buffer start of any rank (ring buffers start at
+   different records), extending each rank's reach with its `pg_status` counter (`last_enqueued_collective`);
+3. ranks with identical op sequences form one class (a few classes even at thousands of ranks), and the
+   classes are walked seq by seq to the first disagreement: ranks that never enqueued the op (`not_joined`),
+   another op (`op_mismatch`), other sizes (`size_mismatch`), other dtypes (`dtype_mismatch`); failing
+   that, all_to_all totals, then ops completed on some ranks but not others (`state_mismatch`);
+4. the culprit is the minority; an even split (two ranks) is decided by the call-site history: the side
+   whose user call site departs from the ones it used for earlier seqs of the group; a side that stopped
+   issuing ops loses against one waiting at its usual call site. Rank numbers never decide;
+5. p2p: the k-th send from a to b must meet the k-th recv at b from a, with the same sizes;
+6. a group's culprits that are blocked in another group's disagreement (their last op is there, where they
+   are on the joined side) are collateral: the cause is the other group's.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+from torchtriage.model import Action, Evidence, Finding, Verdict
+from torchtriage.sources.flight_recorder import CallSite, LoadResult, P2POp, RankDump, Signature, Track
+
+ABSENT = "<not enqueued>"  # the rank never enqueued this seq
+_UNKNOWN = None  # before the rank's buffer start, or enqueued (pg_status) but not in the buffer
+_DEFAULT_PG_DESCS = ("default_pg",)
+_MAX_EVIDENCE = 4
+_MISMATCH_KINDS = ("not_joined", "op_mismatch", "size_mismatch", "dtype_mismatch", "state_mismatch")
+
+
+@dataclass
+class Group:
+    name: str
+    desc: str
+    members: tuple[int, ...]
+    inferred: bool  # members guessed (no pg_config for it)
+    digest: str | None
+
+    @property
+    def label(self) -> str:
+        if self.desc and self.desc not in ("undefined", self.name):
+            return f"{self.desc} (pg {self.name})"
+        return f"pg {self.name}"
+
+
+@dataclass
+class Disagreement:
+    group: Group
+    seq: int
+    p2p: bool
+    sides: dict[str, list[int]]  # value (comparison key or ABSENT) -> ranks
+    expected: str | None  # the value the culprits depart from; None when undecided
+    culprits: list[int]
+    decided_by: str  # "majority" | "call-site history" | "stopped issuing" | "sizes" | "undecided"
+    kind: str = ""  # the finding kind of the culprits' side
+    note: str = ""
+    detail: dict = field(default_factory=dict)
+
+
+def format_ranks(ranks: list[int] | tuple[int, ...]) -> str:
+    """'rank 3', 'ranks 0-3, 7'."""
+    ranks = sorted(ranks)
+    if not ranks:
+        return "no rank"
+    spans, start = [], ranks[0]
+    for prev, cur in zip(ranks, [*ranks[1:], None], strict=True):
+        if cur is None or cur != prev + 1:
+            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
+
+
+# ------------------------------------------------------------------------------------------------------ groups
+
+
+def build_groups(load: LoadResult) -> dict[tuple[str, str | None], Group]:
+    """Process groups by (name, membership digest): split groups may share a name with other members."""
+    dumps = load.dumps
+    world_top = max((d.rank for d in dumps), default=-1)
+    groups: dict[tuple[str, str | None], Group] = {}
+    recorded_by: dict[str, set[int]] = defaultdict(set)
+    descs: dict[str, str] = {}
+    for dump in dumps:
+        for name in (*dump.tracks, *dump.p2p):
+            recorded_by[name].add(dump.rank)
+        for name, desc in dump.pg_desc.items():
+            descs.setdefault(name, desc)
+        for name, info in dump.pg_config.items():
+            key = (name, info.ranks_digest)
+            if key not in groups:
+                members = load.ranks_of(info.ranks_digest)
+                if members is not None:
+                    groups[key] = Group(name, info.desc or descs.get(name, ""), members, False, info.ranks_digest)
+    for dump in dumps:
+        for name in (*dump.tracks, *dump.p2p):
+            if _group_key(dump, name) in groups:
+                continue
+            desc = descs.get(name, "")
+            if desc in _DEFAULT_PG_DESCS or (name == "0" and desc in ("", "undefined")):
+                members = tuple(sorted(set(range(world_top + 1)) | {d.rank for d in dumps}))
+            else:
+                members = tuple(sorted(recorded_by[name]))
+            groups[(name, None)] = Group(name, desc, members, True, None)
+    return groups
+
+
+def _group_key(dump: RankDump, name: str) -> tuple[str, str | None]:
+    info = dump.pg_config.get(name)
+    return (name, info.ranks_digest if info and info.ranks_digest else None)
+
+
+def _status_enqueued(dump: RankDump, name: str) -> int:
+    pg_id = dump.pg_ids.get(name, name)
+    status = dump.pg_status.get(pg_id)
+    return status[0] if status else -1
+
+
+# -------------------------------------------------------------------------------------------------- collectives
+
+
+@dataclass
+class _RankView:
+    rank: int
+    track: Track | None
+    start: int  # index into track of the first seq >= the common start
+    hi: int  # the last seq this rank enqueued (buffer or pg_status)
+
+
+def _value_at(view: _RankView, seq: int, lookup: dict[int, str] | None) -> str | None:
+    if lookup is not None and seq in lookup:
+        return lookup[seq]
+    if seq > view.hi:
+        return ABSENT
+    return _UNKNOWN
+
+
+def _seq_lookup(view: _RankView) -> dict[int, str]:
+    if view.track is None:
+        return {}
+    track = view.track
+    return dict(zip(track.seqs[view.start :], track.keys[view.start :], strict=True))
+
+
+def collective_disagreement(
+    group: Group, dumps: dict[int, RankDump], signatures: dict[str, Signature]
+) -> Disagreement | None:
+    views: list[_RankView] = []
+    starts: list[int] = []
+    for rank in group.members:
+        dump = dumps.get(rank)
+        if dump is None:
+            continue
+        track = dump.tracks.get(group.name) if _group_key(dump, group.name) == _key(group) else None
+        hi = max(track.seqs[-1] if track and track.seqs else 0, _status_enqueued(dump, group.name))
+        if track and track.seqs:
+            starts.append(track.seqs[0])
+        elif dump.first_record_id:
+            starts.append(hi + 1)  # its buffer wrapped past every op of this group: nothing before is known
+        views.append(_RankView(rank, track, 0, hi))
+    if len(views) < 2 and not (views and len(group.members) > 1):
+        return None
+    common = max(starts, default=1)
+    classes: dict[tuple, list[_RankView]] = defaultdict(list)
+    for view in views:
+        if view.track is not None:
+            view.start = bisect.bisect_left(view.track.seqs, common)
+            seqs = view.track.seqs[view.start :]
+            keys = tuple(view.track.keys[view.start :])
+            contiguous = not seqs or seqs[-1] - seqs[0] == len(seqs) - 1
+            shape = (seqs[0] if seqs else None, len(seqs)) if contiguous else tuple(seqs)
+            classes[(shape, keys, view.hi)].append(view)
+        else:
+            classes[((None, 0), (), view.hi)].append(view)
+    reps = [(members[0], _seq_lookup(members[0]), [v.rank for v in members]) for members in classes.values()]
+    last = max((v.hi for v in views), default=0)
+    if len(reps) > 1:
+        for seq in range(common, last + 1):
+            sides: dict[str, list[int]] = defaultdict(list)
+            for view, lookup, ranks in reps:
+                value = _value_at(view, seq, lookup)
+                if value is not _UNKNOWN:
+                    sides[value].extend(ranks)
+            if len(sides) > 1:
+                return _decide(group, seq, dict(sides), dumps, signatures)
+    a2a = _all_to_all_totals(group, views, common, signatures)
+    if a2a is not None:
+        return a2a
+    return _state_disagreement(group, views, common)
+
+
+def _key(group: Group) -> tuple[str, str | None]:
+    return (group.name, group.digest)
+
+
+def _all_to_all_totals(
+    group: Group, views: list[_RankView], common: int, signatures: dict[str, Signature]
+) -> Disagreement | None:
+    totals: dict[int, list[int]] = {}
+    for view in views:
+        if view.track is None or not view.track.a2a_numel:
+            continue
+        for seq, (numel_in, numel_out) in view.track.a2a_numel.items():
+            if seq >= common:
+                entry = totals.setdefault(seq, [0, 0, 0])
+                entry[0] += numel_in
+                entry[1] += numel_out
+                entry[2] += 1
+    for seq in sorted(totals):
+        numel_in, numel_out, count = totals[seq]
+        if count == len(views) and numel_in != numel_out:
+            ranks = [v.rank for v in views]
+            return Disagreement(
+                group,
+                seq,
+                False,
+                {"all_to_all": ranks},
+                None,
+                [],
+                "undecided",
+                "size_mismatch",
+                f"all_to_all totals disagree: the ranks send {numel_in} elements in all and receive {numel_out}; "
+                "some rank's split sizes are wrong, and the totals cannot say which",
+                {"total_input_numel": numel_in, "total_output_numel": numel_out},
+            )
+    return None
+
+
+def _state_disagreement(group: Group, views: list[_RankView], common: int) -> Disagreement | None:
+    """Ops completed on some ranks and still pending on others (only where the backend records states)."""
+    first_pending: dict[int, int] = {}
+    has_states = False
+    for view in views:
+        track = view.track
+        if track is None:
+            continue
+        pending = None
+        for i in range(view.start, len(track.states)):
+            state = track.states[i]
+            if state != "scheduled":
+                has_states = True
+            if state != "completed":
+                pending = track.seqs[i]
+                break
+        if pending is not None:
+            first_pending[view.rank] = pending
+    if not has_states or not first_pending:
+        return None
+    seq = min(first_pending.values())
+    waiting = sorted(r for r, s in first_pending.items() if s == seq)
+    done = sorted(
+        v.rank
+        for v in views
+        if v.track is not None and first_pending.get(v.rank, seq + 1) > seq and seq in v.track.seqs[v.start :]
+    )
+    if not done:
+        return None
+    if len(done) == len(waiting):
+        culprits: list[int] = []
+        decided = "undecided"
+    else:
+        culprits = waiting if len(waiting) < len(done) else done
+        decided = "majority"
+    return Disagreement(
+        group,
+        seq,
+        False,
+        {"completed": done, "not completed": waiting},
+        None,
+        culprits,
+        decided,
+        "state_mismatch",
+    )
+
+
+def _departure(dump: RankDump, group: Group, seq: int, signatures: dict[str, Signature]) -> int | None:
+    """How far this rank's op at `seq` departs from its own history in the group.
+
+    2: an op it never issued before; 1: a known op from a call site it never used for that op; 0: an op and call
+    site it used at earlier seqs. None when it cannot be told: no frames, no op at `seq`, no earlier op.
+    """
+    track = dump.tracks.get(group.name)
+    if track is None:
+        return None
+    i = bisect.bisect_left(track.seqs, seq)
+    if i >= len(track.seqs) or track.seqs[i] != seq or i == 0:
+        return None
+    site = track.sites[i]
+    if site is None:
+        return None
+    op = signatures[track.keys[i]].op
+    earlier = {(signatures[k].op, s) for k, s in zip(track.keys[:i], track.sites[:i], strict=True) if s is not None}
+    if not earlier:
+        return None
+    if (op, site) in earlier:
+        return 0
+    return 1 if any(known_op == op for known_op, _ in earlier) else 2
+
+
+def _decide(
+    group: Group, seq: int, sides: dict[str, list[int]], dumps: dict[int, RankDump], signatures: dict[str, Signature]
+) -> Disagreement:
+    counts = Counter({value: len(ranks) for value, ranks in sides.items()})
+    ranked = counts.most_common()
+    top = ranked[0][1]
+    tied = [value for value, n in ranked if n == top]
+    expected: str | None
+    if len(tied) == 1:
+        expected, decided = tied[0], "majority"
+    else:
+        expected, decided = _break_tie(group, seq, tied, sides, dumps, signatures)
+    if expected is None:
+        culprits: list[int] = []
+    else:
+        culprits = sorted(r for value, ranks in sides.items() if value != expected for r in ranks)
+    for ranks in sides.values():
+        ranks.sort()
+    disagreement = Disagreement(group, seq, False, sides, expected, culprits, decided)
+    disagreement.kind = _kind(sides, expected, signatures)
+    return disagreement
+
+
+def _break_tie(
+    group: Group,
+    seq: int,
+    tied: list[str],
+    sides: dict[str, list[int]],
+    dumps: dict[int, RankDump],
+    signatures: dict[str, Signature],
+) -> tuple[str | None, str]:
+    # An op whose own sizes are impossible for the group (all_gather output != input x size) is wrong.
+    consistent = [v for v in tied if v == ABSENT or _sizes_consistent(signatures[v], len(group.members))]
+    if len(consistent) == 1 and len(tied) == 2:
+        return consistent[0], "sizes"
+    if ABSENT not in tied:
+        scores: dict[str, int | None] = {}
+        for value in tied:
+            seen = [_departure(dumps[r], group, seq, signatures) for r in sides[value] if r in dumps]
+            scores[value] = None if not seen or None in seen else max(seen)  # type: ignore[type-var]
+        known = [v for v in tied if scores[v] is not None]
+        if len(known) == len(tied):
+            top = max(scores[v] for v in known)  # type: ignore[type-var]
+            leaders = [v for v in known if scores[v] == top]
+            if top and len(leaders) == 1 and len(tied) == 2:
+                return next(v for v in tied if v != leaders[0]), "call-site history"
+    if ABSENT in tied and len(tied) == 2:
+        # One side waits in the op, the other stopped issuing collectives: the stop is the departure. A new call
+        # site on the waiting side proves nothing (the first step after a warm-up is called from a new line).
+        return next(v for v in tied if v != ABSENT), "stopped issuing"
+    return None, "undecided"
+
+
+def _sizes_consistent(sig: Signature, group_size: int) -> bool:
+    op = sig.op
+    if not sig.input_sizes or not sig.output_sizes:
+        return True
+    if op in ("all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
+        return sig.output_numel == sig.input_numel * group_size
+    if op in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
+        return sig.input_numel == sig.output_numel * group_size
+    return True
+
+
+def _kind(sides: dict[str, list[int]], expected: str | None, signatures: dict[str, Signature]) -> str:
+    values = list(sides)
+    if ABSENT in values:
+        return "not_joined"
+    reference = signatures[expected] if expected else signatures[values[0]]
+    others = [signatures[v] for v in values if v != expected]
+    if expected is None:
+        others = [signatures[v] for v in values[1:]]
+    if any(o.op != reference.op for o in others):
+        return "op_mismatch"
+    if any((o.input_sizes, o.output_sizes) != (reference.input_sizes, reference.output_sizes) for o in others):
+        return "size_mismatch"
+    if any((o.input_dtypes, o.output_dtypes) != (reference.input_dtypes, reference.output_dtypes) for o in others):
+        return "dtype_mismatch"
+    return "op_mismatch"
+
+
+# ---------------------------------------------------------------------------------------------------------- p2p
+
+
+def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement | None:
+    """The k-th send a->b must meet the k-th recv at b from a, with the same sizes and dtypes."""
+    local_to_global = list(group.members)
+    sends: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
+    recvs: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
+    complete: set[int] = set()
+    for rank in group.members:
+        dump = dumps.get(rank)
+        if dump is None or group.name not in dump.p2p:
+            continue
+        if not dump.first_record_id:
+            complete.add(rank)
+        for op in dump.p2p[group.name]:
+            try:
+                src, dst = local_to_global[op.src], local_to_global[op.dst]
+            except IndexError:
+                continue
+            (sends if op.kind == "send" else recvs)[(src, dst)].append(op)
+    best: Disagreement | None = None
+    for pair in sorted(set(sends) | set(recvs)):
+        src, dst = pair
+        out, into = sends.get(pair, []), recvs.get(pair, [])
+        for k in range(max(len(out), len(into))):
+            if k < len(out) and k < len(into):
+                send, recv = out[k], into[k]
+                if (send.sizes, send.dtypes) != (recv.sizes, recv.dtypes):
+                    return Disagreement(
+                        group,
+                        send.seq,
+                        True,
+                        {f"send {src}->{dst}": [src], f"recv {dst}<-{src}": [dst]},
+                        None,
+                        [],
+                        "undecided",
+                        "size_mismatch" if send.sizes != recv.sizes else "dtype_mismatch",
+                        f"send #{k + 1} from rank {src} to rank {dst} carries {[list(s) for s in send.sizes]} "
+                        f"{list(send.dtypes)}, the matching recv expects {[list(s) for s in recv.sizes]} "
+                        f"{list(recv.dtypes)}",
+                    )
+                continue
+            if src not in complete or dst not in complete or src not in dumps or dst not in dumps:
+                break  # a wrapped buffer or a missing dump: the counts do not line up
+            posted, missing_side = (out[k], dst) if k < len(out) else (into[k], src)
+            verb = "recv" if k < len(out) else "send"
+            if best is None:
+                best = Disagreement(
+                    group,
+                    posted.seq,
+                    True,
+                    {"posted": [src if k < len(out) else dst], ABSENT: [missing_side]},
+                    "posted",
+                    [missing_side],
+                    "stopped issuing",
+                    "not_joined",
+                    f"rank {missing_side} never posted the {verb} matching "
+                    f"{'send' if k < len(out) else 'recv'} #{k + 1} from rank {src} to rank {dst}",
+                )
+            break
+    return best
+
+
+# ------------------------------------------------------------------------------------------------------ verdict
+
+
+def _entry_at(dump: RankDump, group: Group, seq: int) -> int | None:
+    track = dump.tracks.get(group.name)
+    if track is None:
+        return None
+    i = bisect.bisect_left(track.seqs, seq)
+    return i if i < len(track.seqs) and track.seqs[i] == seq else None
+
+
+def _last_op(dump: RankDump) -> tuple[str, int] | None:
+    """The group and seq of the last collective this rank enqueued (in record order)."""
+    best = None
+    for name, track in dump.tracks.items():
+        if track.indices and (best is None or track.indices[-1] > best[0]):
+            best = (track.indices[-1], name, track.seqs[-1])
+    return (best[1], best[2]) if best else None
+
+
+def _describe(sig: Signature | None) -> str:
+    if sig is None:
+        return "?"
+    dtypes = sorted(set(sig.input_dtypes) | set(sig.output_dtypes))
+    return (
+        f"{sig.op} (in {list(map(list, sig.input_sizes))}, out {list(map(list, sig.output_sizes))}, {'/'.join(dtypes)})"
+    )
+
+
+def _side_text(value: str, signatures: dict[str, Signature]) -> str:
+    if value == ABSENT:
+        return "never enqueued it"
+    return _describe(signatures.get(value)) if value in signatures else value
+
+
+def _evidence_for(d: Disagreement, dumps: dict[int, RankDump], signatures: dict[str, Signature]) -> list[Evidence]:
+    evidence = []
+    order = d.culprits + [r for ranks in d.sides.values() for r in ranks if r not in d.culprits]
+    for rank in order[: _MAX_EVIDENCE * 2]:
+        dump = dumps.get(rank)
+        if dump is None:
+            continue
+        i = _entry_at(dump, d.group, d.seq) if not d.p2p else None
+        line = None
+        if i is not None:
+            track = dump.tracks[d.group.name]
+            site = track.sites[i]
+            line = track.indices[i]
+            text = (
+                f"entries[{track.indices[i]}]: {_describe(signatures.get(track.keys[i]))}, seq {d.seq}, "
+                f"state {track.states[i]}" + (f", called at {site}" if site else "")
+            )
+        else:
+            last = _last_op(dump)
+            if last:
+                line = dump.tracks[last[0]].indices[-1]
+            text = f"no entry for seq {d.seq} of {d.group.label}" + (
+                f"; its last op is entries[{line}], seq {last[1]} of pg {last[0]}" if last else ""
+            )
+        # `line` is the index of the entry in the dump's `entries` list.
+        evidence.append(Evidence("flight_recorder", dump.path, line, rank, text))
+        if len(evidence) >= _MAX_EVIDENCE:
+            break
+    return evidence
+
+
+def _message(d: Disagreement, signatures: dict[str, Signature]) -> str:
+    where = f"{'p2p op' if d.p2p else 'collective'} seq {d.seq} of {d.group.label}"
+    if d.note:
+        head = f"{d.note} ({where})"
+    else:
+        parts = [f"{format_ranks(r)}: {_side_text(v, signatures)}" for v, r in d.sides.items()]
+        head = f"{d.kind.replace('_', ' ')} at {where}: " + "; ".join(parts)
+    if d.culprits:
+        how = {
+            "majority": "the minority",
+            "call-site history": "its call site departs from the one it used for earlier seqs",
+            "stopped issuing": "its peers wait at their usual call site while it stopped issuing collectives",
+            "sizes": "its sizes are impossible for the group size",
+        }.get(d.decided_by, d.decided_by)
+        return f"{head} — {format_ranks(d.culprits)} departed ({how})"
+    if d.decided_by == "undecided" and len(d.sides) > 1 and not d.note:
+        return f"{head} — an even split that the call-site history cannot decide"
+    return head
+
+
+def _call_sites(d: Disagreement, dumps: dict[int, RankDump]) -> dict[str, str]:
+    sites = {}
+    for ranks in d.sides.values():
+        for rank in ranks[:8]:
+            dump = dumps.get(rank)
+            i = _entry_at(dump, d.group, d.seq) if dump and not d.p2p else None
+            if i is not None and dump.tracks[d.group.name].sites[i]:
+                sites[str(rank)] = str(dump.tracks[d.group.name].sites[i])
+    return sites
+
+
+def _culprit_site(d: Disagreement, dumps: dict[int, RankDump]) -> tuple[int, CallSite] | None:
+    """Where the culprit is: its op at the seq, or (if it never enqueued it) its last op."""
+    for rank in d.culprits:
+        dump = dumps.get(rank)
+        if dump is None:
+            continue
+        i = _entry_at(dump, d.group, d.seq)
+        if i is not None and dump.tracks[d.group.name].sites[i]:
+            return rank, dump.tracks[d.group.name].sites[i]  # type: ignore[return-value]
+        last = _last_op(dump)
+        if last:
+            track = dump.tracks[last[0]]
+            if track.sites[-1]:
+                return rank, track.sites[-1]  # type: ignore[return-value]
+    return None
+
+
+def _last_seq_facts(group: Group, dumps: dict[int, RankDump]) -> dict[str, str]:
+    by_seq: dict[int, list[int]] = defaultdict(list)
+    for rank in group.members:
+        dump = dumps.get(rank)
+        if dump is None:
+            continue
+        track = dump.tracks.get(group.name)
+        by_seq[max(track.seqs[-1] if track and track.seqs else 0, _status_enqueued(dump, group.name))].append(rank)
+    return {str(seq): format_ranks(ranks) for seq, ranks in sorted(by_seq.items())}
+
+
+def build_verdict(load: LoadResult) -> Verdict:
+    dumps = {d.rank: d for d in load.dumps}
+    signatures: dict[str, Signature] = {}
+    for dump in load.dumps:
+        signatures.update(dump.signatures)
+    problems = [f"{p.path}: {p.message}" for p in load.problems]
+    sources = [d.path for d in load.dumps]
+    groups = build_groups(load)
+
+    versions = Counter(d.version for d in load.dumps)
+    if len(versions) > 1:
+        problems.append(
+            "the dumps come in several format versions ("
+            + ", ".join(f"{v}: {n} ranks" for v, n in versions.most_common())
+            + "); were they written by one job?"
+        )
+    missing_by_group: dict[str, list[int]] = {}
+    disagreements: list[Disagreement] = []
+    for group in sorted(groups.values(), key=lambda g: (len(g.members) == 0, g.name)):
+        missing = [r for r in group.members if r not in dumps]
+        if missing:
+            missing_by_group[group.label] = missing
+        found = collective_disagreement(group, dumps, signatures)
+        if found is not None:
+            disagreements.append(found)
+        p2p = p2p_disagreement(group, dumps)
+        if p2p is not None:
+            disagreements.append(p2p)
+    all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
+    if all_missing:
+        problems.append(
+            f"no dump for {format_ranks(all_missing)} (members of "
+            + ", ".join(missing_by_group)
+            + "): their side of each collective is unknown; look for their dumps (a rank that hung in teardown "
+            "or was killed often writes none)"
+        )
+
+    # A rank blamed in one group but blocked in another group's disagreement (where it joined) is collateral.
+    joined_at: dict[int, tuple[str, int]] = {}
+    for d in disagreements:
+        for value, ranks in d.sides.items():
+            if value != ABSENT and not d.p2p:
+                for rank in ranks:
+                    joined_at.setdefault(rank, (d.group.name, d.seq))
+    primary: list[Disagreement] = []
+    collateral: list[Disagreement] = []
+    for d in disagreements:
+        blocked = [
+            r
+            for r in d.culprits
+            if r in dumps and (last := _last_op(dumps[r])) and last[0] != d.group.name and joined_at.get(r) == last
+        ]
+        (collateral if d.culprits and len(blocked) == len(d.culprits) else primary).append(d)
+    if not any(d.culprits for d in primary) and any(d.culprits for d in collateral):
+        # A cycle (each side blocked in the other's group): the disagreement decided most clearly is the cause.
+        best = max((d for d in collateral if d.culprits), key=_strength)
+        collateral.remove(best)
+        primary.insert(0, best)
+    primary.sort(key=lambda d: (not d.culprits, d.kind == "state_mismatch", d.group.name != "0", d.seq))
+
+    findings: list[Finding] = []
+    for d in primary + collateral:
+        role = "primary" if d in primary and d.culprits and d.kind != "state_mismatch" else "symptom"
+        if d in collateral:
+            role = "collateral"
+        ranks = d.culprits or sorted(r for ranks in d.sides.values() for r in ranks)
+        findings.append(
+            Finding(d.kind, ranks, _message(d, signatures), role, "hang", _evidence_for(d, dumps, signatures))
+        )
+
+    lead = primary[0] if primary else None
+    culprits = sorted({r for d in primary if d.culprits and d.kind != "state_mismatch" for r in d.culprits})
+    confidence = "low"
+    if lead is not None and culprits:
+        confidence = {"majority": "high", "sizes": "high"}.get(lead.decided_by, "medium")
+    if lead is not None and lead.kind == "state_mismatch" and not culprits:
+        culprits = list(lead.culprits)
+    if not culprits and all_missing and load.dumps and _present_ranks_wait(groups, dumps):
+        findings.append(
+            Finding(
+                "missing_dump",
+                all_missing,
+                f"{format_ranks(all_missing)} wrote no dump while every rank that did agrees and waits in its last "
+                "collective: the missing ranks are the likely culprits (a hung rank often never dumps)",
+                "symptom",
+                "hang",
+            )
+        )
+        culprits = all_missing
+        confidence = "low"
+
+    timed_out = sorted({(d.rank, pg, seq) for d in load.dumps for pg, seq in d.timed_out})
+    category = "nccl_timeout" if timed_out else "hang"
+    facts: dict = {
+        "ranks_loaded": len(load.dumps),
+        "backend": Counter(d.backend for d in load.dumps).most_common(1)[0][0] if load.dumps else "",
+        "format_version": versions.most_common(1)[0][0] if versions else "",
+        "process_groups": {
+            g.label: {"size": len(g.members), "members_inferred": g.inferred} for g in list(groups.values())[:32]
+        },
+    }
+    if all_missing:
+        facts["missing_ranks"] = format_ranks(all_missing)
+    if timed_out:
+        facts["timed_out"] = [{"rank": r, "pg": pg, "seq": seq} for r, pg, seq in timed_out[:16]]
+    actions: list[Action] = []
+    if lead is not None:
+        facts.update(
+            {
+                "pg": lead.group.name,
+                "pg_desc": lead.group.desc,
+                "pg_size": len(lead.group.members),
+                "seq": lead.seq,
+                "seq_kind": "p2p_seq_id" if lead.p2p else "collective_seq_id",
+                "decided_by": lead.decided_by,
+                "sides": {
+                    format_ranks(ranks): _side_text(value, signatures) for value, ranks in list(lead.sides.items())[:8]
+                },
+                "last_enqueued_seq": _last_seq_facts(lead.group, dumps),
+                "call_sites": _call_sites(lead, dumps),
+            }
+            | lead.detail
+        )
+        if lead.expected and lead.expected != ABSENT and lead.expected in signatures:
+            sig = signatures[lead.expected]
+            facts["op"] = sig.op
+            facts["sizes"] = {
+                "input": [list(s) for s in sig.input_sizes],
+                "output": [list(s) for s in sig.output_sizes],
+            }
+        where = _culprit_site(lead, dumps) if culprits else None
+        if where is not None:
+            rank, site = where
+            frame = {"file": site.file, "line": site.line, "function": site.function, "rank": rank}
+            # A rank that never enqueued the op is somewhere after its last recorded call, not at it.
+            facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = frame
+        actions = _actions(lead, culprits, where)
+    elif culprits:
+        actions = [
+            Action(
+                "fr.missing_dump",
+                f"Find out what {format_ranks(culprits)} did",
+                "Their flight-recorder dumps are missing: look at their logs and, if they are alive, their stacks.",
+                command="torchtriage dump",
+            )
+        ]
+    summary = _summary(lead, culprits, findings, load, category)
+    if not load.dumps:
+        summary = "No flight-recorder dump could be read"
+    return Verdict(
+        category=category if findings else "unknown",
+        culprit_ranks=culprits,
+        summary=summary,
+        confidence=confidence if findings else "high",
+        findings=findings,
+        actions=actions,
+        facts=facts,
+        sources=sources if len(sources) <= 64 else sources[:64] + [f"… and {len(sources) - 64} more"],
+        problems=problems,
+    )
+
+
+_DECISION_STRENGTH = {"sizes": 4, "majority": 3, "call-site history": 2, "stopped issuing": 1}
+
+
+def _strength(d: Disagreement) -> tuple[int, float]:
+    agreeing = len(d.sides.get(d.expected or "", []))
+    return _DECISION_STRENGTH.get(d.decided_by, 0), agreeing / max(1, len(d.group.members))
+
+
+def _present_ranks_wait(groups: dict, dumps: dict[int, RankDump]) -> bool:
+    """Whether any rank's last op is still pending (for backends that record states), or states are unknown."""
+    for dump in dumps.values():
+        last = _last_op(dump)
+        if last is None:
+            continue
+        state = dump.tracks[last[0]].states[-1]
+        if state != "completed":
+            return True
+    return False
+
+
+def _summary(lead: Disagreement | None, culprits: list[int], findings, load: LoadResult, category: str) -> str:
+    if lead is None:
+        if culprits:
+            return findings[-1].message
+        return (
+            f"The {len(load.dumps)} dumps agree: every rank issued the same collectives in the same order "
+            "and no p2p op lacks its peer"
+        )
+    op = f"seq {lead.seq} of {lead.group.label}"
+    if lead.kind == "not_joined" and culprits and lead.expected != ABSENT:
+        waiting = lead.sides.get(lead.expected or "", [])
+        return (
+            f"{format_ranks(culprits)} never enqueued {'p2p op' if lead.p2p else 'collective'} {op} "
+            f"that {format_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in"
+        )
+    return findings[0].message if findings else f"disagreement at {op}"
+
+
+def _actions(lead: Disagreement, culprits: list[int], where: tuple[int, CallSite] | None) -> list[Action]:
+    actions = []
+    if culprits:
+        who = format_ranks(culprits)
+        at = f" at {where[1]}" if where else ""
+        if lead.kind == "not_joined":
+            title = f"Find what {who} did after its last recorded collective" + (f" ({where[1]})" if where else "")
+            detail = (
+                f"{who} never issued seq {lead.seq} of {lead.group.label}; its last recorded op was{at or ' unknown'}. "
+                "Look for a data-dependent branch, an early exit, an exception swallowed on that rank, or an uneven "
+                "number of batches; if it is alive, `torchtriage dump` shows the line it is stuck in."
+            )
+        else:
+            detail = (
+                f"{who} called a different {lead.kind.split('_')[0]}{at} than its peers at seq {lead.seq} of "
+                f"{lead.group.label}. Every rank must issue the same collectives, with the same sizes and dtypes, "
+                "in the same order: make the branch that chose this call agree across ranks."
+            )
+            title = f"Look at what {who} does{at}"
+        actions.append(Action("culprit", title, detail))
+    actions.append(
+        Action(
+            "fr.desync_debug",
+            "Catch the mismatch where it happens next time",
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's op and shapes across ranks before running it "
+            "and raises at the first mismatch, with the rank and both shapes (slower: for reproducing only).",
+            env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
+        )
+    )
+    return actions

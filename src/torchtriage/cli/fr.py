@@ -1,0 +1,37 @@
+"""`torchtriage fr PATH...`: per-rank flight-recorder dumps in; the first disagreement and its culprit out."""
+
+from __future__ import annotations
+
+import argparse
+
+from torchtriage import exit_codes
+from torchtriage.analysis.flight_recorder import build_verdict
+from torchtriage.errors import InputError, UsageError
+from torchtriage.report.json_report import render_json
+from torchtriage.report.text import render_text
+from torchtriage.sources.flight_recorder import load_dumps
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="dump files or folders of them (pickle or JSON, any naming: nccl_trace_rank_N, <prefix>N, host names)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    parser.add_argument(
+        "-j", "--jobs", type=int, default=None, metavar="N", help="processes for loading (default: every core)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs is not None and args.jobs < 1:
+        raise UsageError("--jobs must be at least 1.")
+    load = load_dumps(args.paths, args.jobs)
+    if not load.dumps:
+        reasons = "\n  ".join(f"{p.path}: {p.message}" for p in load.problems) or "no input"
+        raise InputError(f"no flight-recorder dump could be read:\n  {reasons}")
+    verdict = build_verdict(load)
+    print(render_json(verdict) if args.json else render_text(verdict))
+    return exit_codes.PROBLEM_FOUND if verdict.diagnosed_problem else exit_codes.OK

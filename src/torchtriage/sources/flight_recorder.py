@@ -1,0 +1,667 @@
+"""Per-rank flight-recorder (FR) dumps in, compact typed records out.
+
+PyTorch's flight recorder keeps a ring buffer of every c10d collective and p2p op per process and writes
+it as one pickle per rank (`<TORCH_FR_DUMP_TEMP_FILE><rank>`, by default `~/.cache/torch/
+comm_lib_trace_rank_<rank>`, formerly `nccl_trace_rank_<rank>`) or, through `_dump_fr_trace_json`, as JSON
+(no stack frames; timestamps 0 instead of null; counters as strings). Format versions 2.x are read:
+
+    {version: "2.10", pg_config: {pg_name: {name, desc, ranks: "[0, 1]"}},
+     pg_status: {pg_id: {last_enqueued_collective, last_started_collective, last_completed_collective}},
+     entries: [{record_id, pg_id, process_group: (name, desc), collective_seq_id, p2p_seq_id, is_p2p,
+                profiling_name: "nccl:all_reduce" | "gloo:send 0->1", input_sizes, output_sizes,
+                input_dtypes, output_dtypes, state, time_created_ns, timeout_ms, frames: [{name, filename,
+                line}], ...}], rank?: int}
+
+Only what a verdict needs is kept, column by column per (rank, process group) so that thousands of ranks
+stay small: each op's comparison key (what every rank of the group must agree on), state, user call site
+and its index in the file (for evidence). Strings are interned so identical values share one object.
+Loading runs on every core: the unpickling dominates and each file is independent.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from torchtriage.sources.safe_pickle import PickleError, safe_loads
+
+SUPPORTED_MAJOR = 2
+_PICKLE_HEAD = re.compile(rb"\A\x80[\x02-\x05]")
+_GZIP_MAGIC = b"\x1f\x8b"
+_RANK_WORD = re.compile(r"rank[-_.]?(\d{1,7})(?!\d)", re.IGNORECASE)
+_TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:pkl|pickle|json|bin|gz))*$", re.IGNORECASE)
+# Call sites are the innermost frame outside these (torch, the standard library, site-packages).
+_LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/torch/", "<string>", "<unknown>")
+# Ops that are p2p by name even when an old dump lacks `is_p2p`.
+_P2P_OPS = ("send", "recv")
+_ALL_TO_ALL = ("all_to_all", "alltoall")
+# Ops whose ranks legitimately pass different sizes on one side (root vs non-root).
+_ROOT_INPUT_ONLY = ("gather",)
+_ROOT_OUTPUT_ONLY = ("scatter",)
+
+
+class CallSite(NamedTuple):
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+class Signature(NamedTuple):
+    """What one op was, as far as its peers must agree: its name, sizes and dtypes (coalesced ops merged)."""
+
+    op: str  # "all_reduce", "coalesced[all_reduce, all_reduce]", ...
+    input_sizes: tuple[tuple[int, ...], ...]
+    output_sizes: tuple[tuple[int, ...], ...]
+    input_dtypes: tuple[str, ...]
+    output_dtypes: tuple[str, ...]
+
+    @property
+    def input_numel(self) -> int:
+        return sum(math.prod(s) for s in self.input_sizes)
+
+    @property
+    def output_numel(self) -> int:
+        return sum(math.prod(s) for s in self.output_sizes)
+
+
+class P2POp(NamedTuple):
+    index: int  # position in the dump's entries
+    seq: int  # p2p_seq_id
+    kind: str  # "send" | "recv"
+    src: int  # group-local ranks, as the profiling name gives them
+    dst: int
+    sizes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    state: str
+    site: CallSite | None
+
+
+@dataclass
+class Track:
+    """One rank's collectives in one process group, in record order, one column per field."""
+
+    seqs: list[int] = field(default_factory=list)  # collective_seq_id (a coalesced group is one op)
+    keys: list[str] = field(default_factory=list)  # comparison key; equal keys = compatible ops
+    states: list[str] = field(default_factory=list)  # scheduled | started | completed
+    sites: list[CallSite | None] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)  # position in the dump's entries (the first, if coalesced)
+    # all_to_all ops compare no sizes (each rank sends its own split); their totals are checked across ranks.
+    a2a_numel: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (input numel, output numel)
+
+
+@dataclass
+class PGInfo:
+    name: str
+    desc: str
+    ranks_digest: str | None  # a digest of the `ranks` string; RankDump.ranks_text maps it to the text
+
+
+@dataclass
+class RankDump:
+    path: str
+    rank: int
+    rank_from: str  # "content" | "file name"
+    version: str
+    backend: str  # "nccl", "gloo", ... from the profiling names
+    has_frames: bool
+    entry_count: int
+    first_record_id: int | None
+    pg_config: dict[str, PGInfo]  # by pg name
+    pg_ids: dict[str, str]  # pg name -> pg_id (the key of pg_status)
+    pg_desc: dict[str, str]  # pg name -> desc, from the entries
+    pg_status: dict[str, tuple[int, int, int]]  # pg_id -> (last enqueued, last started, last completed)
+    tracks: dict[str, Track]  # by pg name
+    p2p: dict[str, list[P2POp]]  # by pg name
+    signatures: dict[str, Signature]  # comparison key -> the op it stands for
+    timed_out: list[tuple[str, int]]  # (pg name, seq) of ops pending for longer than their timeout
+    ranks_text: dict[str, str] = field(default_factory=dict)  # digest -> "[0, 1, ...]" (first sight per worker)
+
+
+class DumpProblem(NamedTuple):
+    path: str
+    message: str
+
+
+# --------------------------------------------------------------------------------------------------- discovery
+
+
+def rank_from_name(path: str) -> int | None:
+    name = os.path.basename(path)
+    matches = _RANK_WORD.findall(name)
+    if matches:
+        return int(matches[-1])
+    match = _TRAILING_NUMBER.search(name)
+    return int(match.group(1)) if match else None
+
+
+def _looks_like_dump(head: bytes) -> bool:
+    return bool(_PICKLE_HEAD.match(head)) or head.lstrip()[:1] == b"{" or head.startswith(_GZIP_MAGIC)
+
+
+def discover_dumps(paths: list[str]) -> tuple[list[str], list[DumpProblem]]:
+    """Files to read: those named, and in folders (recursively) every file that looks like a pickle or JSON.
+
+    Other files in a folder (logs, py-spy stacks) are skipped silently; an empty file whose name carries a
+    rank is reported, because a rank that died while dumping leaves exactly that.
+    """
+    files: list[str] = []
+    problems: list[DumpProblem] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = []
+            for root, dirs, names in os.walk(path):
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+                for name in sorted(names):
+                    if name.startswith("."):
+                        continue
+                    full = os.path.join(root, name)
+                    try:
+                        with open(full, "rb") as handle:
+                            head = handle.read(64)
+                    except OSError as err:
+                        problems.append(DumpProblem(full, f"cannot be read: {err.strerror or err}"))
+                        continue
+                    if _looks_like_dump(head):
+                        found.append(full)
+                    elif not head and rank_from_name(full) is not None:
+                        problems.append(DumpProblem(full, "the file is empty (did the rank die while dumping?)"))
+            if not found and not any(p.path.startswith(path) for p in problems):
+                problems.append(DumpProblem(path, "the folder holds no flight-recorder dumps (pickle or JSON files)"))
+            files.extend(found)
+        elif os.path.exists(path):
+            files.append(path)
+        else:
+            problems.append(DumpProblem(path, "no such file or folder"))
+    return files, problems
+
+
+# ------------------------------------------------------------------------------------------------------ parsing
+
+# Per process: interned values; in a pool worker, the pg ranks strings already sent to the parent (by digest),
+# since thousands of dumps repeat the same long "[0, 1, ..., 4095]".
+_intern: dict[Any, Any] = {}
+_site_of_frame: dict[int, CallSite | None] = {}
+_sent_ranks: set[str] | None = None
+
+
+def _worker_init() -> None:
+    global _sent_ranks
+    _sent_ranks = set()
+    gc.disable()
+
+
+def _interned(value: Any) -> Any:
+    return _intern.setdefault(value, value)
+
+
+def _as_tuple_sizes(sizes: Any) -> tuple[tuple[int, ...], ...]:
+    if not sizes:
+        return ()
+    return tuple(tuple(s) for s in sizes)
+
+
+_UNSEEN = object()
+
+
+def _judge_frame(frame: Any) -> CallSite | None:
+    site = None
+    filename = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
+    if filename and not any(marker in filename for marker in _LIBRARY_MARKERS):
+        site = _interned(CallSite(filename, _int(frame.get("line"), 0), str(frame.get("name", "?"))))
+    _site_of_frame[id(frame)] = site
+    return site
+
+
+def _user_site(frames: Any) -> CallSite | None:
+    """The innermost frame in user code (frames come innermost first)."""
+    if not frames:
+        return None
+    for frame in frames:
+        key = id(frame)
+        if key in _site_of_frame:
+            site = _site_of_frame[key]
+        else:
+            site = None
+            filename = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
+            if filename and not any(marker in filename for marker in _LIBRARY_MARKERS):
+                site = _interned(CallSite(filename, int(frame.get("line") or 0), str(frame.get("name", "?"))))
+            _site_of_frame[key] = site
+        if site is not None:
+            return site
+    return None
+
+
+def _split_name(profiling_name: str) -> tuple[str, str]:
+    backend, _, name = profiling_name.partition(":")
+    return (backend, name) if name else ("", backend)
+
+
+def _compare_key(sig: Signature) -> str:
+    op = sig.op
+    if any(op.startswith(prefix) for prefix in _ALL_TO_ALL):
+        return f"{op}|{sig.input_dtypes}|{sig.output_dtypes}"  # sizes differ per rank; totals are checked apart
+    if op in _ROOT_INPUT_ONLY:
+        return f"{op}|{sig.input_sizes}|{sig.input_dtypes}"
+    if op in _ROOT_OUTPUT_ONLY:
+        return f"{op}|{sig.output_sizes}|{sig.output_dtypes}"
+    return f"{op}|{sig.input_sizes}|{sig.output_sizes}|{sig.input_dtypes}|{sig.output_dtypes}"
+
+
+def _version_problem(version: Any) -> str | None:
+    if version is None:
+        return "it has no `version` key, so it is not a flight-recorder dump (or one too old to read)"
+    text = str(version)
+    major = text.split(".", 1)[0]
+    if not major.isdigit():
+        return f"its format version {text!r} is not a version this tool knows (it reads 2.x)"
+    if int(major) != SUPPORTED_MAJOR:
+        return (
+            f"its format version is {text}, and this torchtriage reads flight-recorder format 2.x "
+            "(PyTorch 2.4 and later); upgrade torchtriage, or analyse it with the PyTorch that wrote it"
+        )
+    return None
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+# Per process: raw entry text -> comparison key, and comparison key -> the Signature it stands for.
+_key_cache: dict[str, str] = {}
+_signature_of: dict[str, Signature] = {}
+
+
+def _signature(members: list[tuple[str, dict]]) -> Signature:
+    """One op from the entries of one seq (several when coalesced; the `coalesced` marker itself adds nothing)."""
+    names = [name for name, _ in members]
+    ops = [(name, e) for name, e in members if name != "coalesced"] or members[:1]
+    op = names[0] if len(members) == 1 else f"coalesced[{', '.join(name for name, _ in ops)}]"
+    return Signature(
+        _interned(op),
+        tuple(s for _, e in ops for s in _as_tuple_sizes(e.get("input_sizes"))),
+        tuple(s for _, e in ops for s in _as_tuple_sizes(e.get("output_sizes"))),
+        tuple(str(d) for _, e in ops for d in (e.get("input_dtypes") or ())),
+        tuple(str(d) for _, e in ops for d in (e.get("output_dtypes") or ())),
+    )
+
+
+def _register(sig: Signature) -> str:
+    key = _interned(_compare_key(sig))
+    _signature_of.setdefault(key, sig)
+    return key
+
+
+def _new_key(entry: dict, profiling_name: str) -> str:
+    return _register(_signature([(_split_name(profiling_name)[1].split(" ", 1)[0], entry)]))
+
+
+def _merge_coalesced(track: Track, entries: list, signatures: dict[str, Signature]) -> Track:
+    """Runs of entries sharing a seq (a coalesced op) become one op."""
+    merged = Track()
+    i = 0
+    while i < len(track.seqs):
+        j = i
+        while j + 1 < len(track.seqs) and track.seqs[j + 1] == track.seqs[i]:
+            j += 1
+        if j == i:
+            key = track.keys[i]
+            state = track.states[i]
+        else:
+            run = [entries[track.indices[k]] for k in range(i, j + 1)]
+            members = [(_split_name(str(e.get("profiling_name", "")))[1].split(" ", 1)[0], e) for e in run]
+            key = _register(_signature(members))
+            signatures.setdefault(key, _signature_of[key])
+            states = set(track.states[i : j + 1])
+            state = "completed" if states == {"completed"} else min(states - {"completed"})
+        merged.seqs.append(track.seqs[i])
+        merged.keys.append(key)
+        merged.states.append(state)
+        merged.sites.append(next((s for s in track.sites[i : j + 1] if s), None))
+        merged.indices.append(track.indices[i])
+        i = j + 1
+    return merged
+
+
+def _add_p2p(p2p: dict[str, list[P2POp]], pg: str, index: int, entry: dict) -> None:
+    name = _split_name(str(entry.get("profiling_name", "")))[1]
+    op_name = name.split(" ", 1)[0]
+    if op_name not in _P2P_OPS:
+        return  # the `coalesced` marker of a batch of sends/recvs
+    parsed = _parse_p2p(name)
+    if parsed is None:
+        return
+    src, dst = parsed
+    send = op_name == "send"
+    p2p.setdefault(pg, []).append(
+        P2POp(
+            index,
+            _int(entry.get("p2p_seq_id")),
+            op_name,
+            src,
+            dst,
+            _as_tuple_sizes(entry.get("input_sizes") if send else entry.get("output_sizes")),
+            tuple(str(d) for d in ((entry.get("input_dtypes") if send else entry.get("output_dtypes")) or ())),
+            _interned(str(entry.get("state", ""))),
+            _user_site(entry.get("frames")),
+        )
+    )
+
+
+def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
+    """Turn one rank's dump (already decoded) into records. Raises ValueError with the reason."""
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a {type(data).__name__}, not the dict a flight-recorder dump is")
+    problem = _version_problem(data.get("version"))
+    if problem:
+        raise ValueError(problem)
+    rank = data.get("rank")
+    rank_from = "content"
+    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+        rank, rank_from = rank_hint, "file name"
+    if rank is None:
+        raise ValueError(
+            "its rank is unknown: the dump has no `rank` key and the file name carries no number "
+            "(name it like nccl_trace_rank_<N>)"
+        )
+    entries = data.get("entries") or []
+    _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
+    if not isinstance(entries, list):
+        raise ValueError("its `entries` is not a list")
+
+    pg_config: dict[str, PGInfo] = {}
+    ranks_text: dict[str, str] = {}
+    for key, info in (data.get("pg_config") or {}).items():
+        if not isinstance(info, dict):
+            continue
+        name = str(info.get("name", key))
+        if not name:
+            continue  # gloo records one nameless placeholder; it says nothing about any group
+        text = info.get("ranks")
+        digest = None
+        if isinstance(text, (list, tuple)):
+            text = str(list(text))
+        if isinstance(text, str) and text.strip("[] "):
+            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+            if _sent_ranks is None or digest not in _sent_ranks:
+                if _sent_ranks is not None:
+                    _sent_ranks.add(digest)
+                ranks_text[digest] = text
+        pg_config[name] = PGInfo(name, str(info.get("desc", "")), digest)
+
+    pg_status: dict[str, tuple[int, int, int]] = {}
+    for pg_id, status in (data.get("pg_status") or {}).items():
+        if isinstance(status, dict):
+            pg_status[str(pg_id)] = (
+                _int(status.get("last_enqueued_collective")),
+                _int(status.get("last_started_collective")),
+                _int(status.get("last_completed_collective")),
+            )
+
+    tracks: dict[str, Track] = {}
+    p2p: dict[str, list[P2POp]] = {}
+    signatures: dict[str, Signature] = {}
+    pg_ids: dict[str, str] = {}
+    pg_desc: dict[str, str] = {}
+    timed_out: list[tuple[str, int]] = []
+    backend = ""
+    has_frames = False
+    pending: list[tuple[str, int, int, int]] = []  # (pg, seq, created, timeout_ms)
+    key_cache = _key_cache
+    site_of_frame = _site_of_frame
+    last_pg: Any = None
+    last_fields: tuple | None = None
+    last_key = ""
+    track = Track()
+    # The hot loop: thousands of files x hundreds of entries. One formatted string per entry finds its
+    # comparison key in a cache; everything else is a dict lookup.
+    for index, entry in enumerate(entries):
+        group = entry.get("process_group") or ("", "")
+        pg = group[0]
+        if pg != last_pg:
+            pg = _interned(str(pg))
+            if pg not in pg_desc:
+                pg_desc[pg] = str(group[1]) if len(group) > 1 else ""
+                pg_ids[pg] = str(entry.get("pg_id", pg))
+                tracks[pg] = Track()
+            last_pg, track = pg, tracks[pg]
+        profiling_name = entry.get("profiling_name", "")
+        is_p2p = entry.get("is_p2p")
+        if is_p2p or (is_p2p is None and _split_name(str(profiling_name))[1].split(" ", 1)[0] in _P2P_OPS):
+            _add_p2p(p2p, pg, index, entry)
+            continue
+        fields = (
+            profiling_name,
+            entry.get("input_sizes"),
+            entry.get("output_sizes"),
+            entry.get("input_dtypes"),
+            entry.get("output_dtypes"),
+        )
+        # Most ops repeat the one before; comparing the small lists is far cheaper than formatting them.
+        if fields == last_fields:
+            key = last_key
+        else:
+            raw = f"{fields}"
+            key = key_cache.get(raw)
+            if key is None:
+                key = key_cache[raw] = _new_key(entry, str(profiling_name))
+            if key not in signatures:
+                signatures[key] = _signature_of[key]
+                if not backend:
+                    backend = _split_name(str(profiling_name))[0]
+            last_fields, last_key = fields, key
+        seq = entry.get("collective_seq_id")
+        state = entry.get("state", "")
+        frames = entry.get("frames")
+        site = None
+        if frames:
+            has_frames = True
+            for frame in frames:  # innermost first; frame dicts are shared, so each is judged once
+                site = site_of_frame.get(id(frame), _UNSEEN)
+                if site is _UNSEEN:
+                    site = _judge_frame(frame)
+                if site is not None:
+                    break
+        track.seqs.append(seq if type(seq) is int else _int(seq))
+        track.keys.append(key)
+        track.states.append(state)
+        track.sites.append(site)
+        track.indices.append(index)
+        if state != "completed":
+            if str(state).startswith("timed"):
+                timed_out.append((pg, track.seqs[-1]))
+            else:
+                pending.append(
+                    (pg, track.seqs[-1], entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0))
+                )
+    for pg in list(tracks):
+        track = tracks[pg]
+        if not track.seqs:
+            del tracks[pg]
+            continue
+        if len(set(track.seqs)) != len(track.seqs):
+            tracks[pg] = _merge_coalesced(track, entries, signatures)
+            track = tracks[pg]
+        for i, key in enumerate(track.keys):
+            if key.startswith(_ALL_TO_ALL):  # the key leaves sizes out: take this rank's own from its entry
+                own = _signature([("all_to_all", entries[track.indices[i]])])
+                track.a2a_numel[track.seqs[i]] = (own.input_numel, own.output_numel)
+    if pending:
+        # An op still pending after its timeout, measured against the latest moment this rank recorded anything.
+        latest_ns = 0
+        for entry in entries:
+            for name in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+                stamp = entry.get(name)
+                if isinstance(stamp, int) and stamp > latest_ns:
+                    latest_ns = stamp
+        for pg, seq, created, timeout_ms in pending:
+            if created and timeout_ms > 0 and latest_ns - created > timeout_ms * 1_000_000:
+                timed_out.append((pg, seq))
+
+    return RankDump(
+        path=path,
+        rank=rank,
+        rank_from=rank_from,
+        version=str(data.get("version")),
+        backend=backend,
+        has_frames=has_frames,
+        entry_count=len(entries),
+        first_record_id=_int(entries[0].get("record_id"), 0) if entries else None,
+        pg_config=pg_config,
+        pg_ids=pg_ids,
+        pg_desc=pg_desc,
+        pg_status=pg_status,
+        tracks=tracks,
+        p2p=p2p,
+        signatures=signatures,
+        timed_out=timed_out,
+        ranks_text=ranks_text,
+    )
+
+
+def _parse_p2p(name: str) -> tuple[int, int] | None:
+    """'send 0->1' -> (0, 1); 'recv 1<-0' -> (0, 1): (src, dst) as group-local ranks."""
+    _, _, peers = name.partition(" ")
+    try:
+        if "->" in peers:
+            src, dst = peers.split("->")
+            return int(src), int(dst)
+        if "<-" in peers:
+            dst, src = peers.split("<-")
+            return int(src), int(dst)
+    except ValueError:
+        return None
+    return None
+
+
+def decode(raw: bytes) -> dict:
+    """Bytes of a dump file -> its dict (pickle or JSON, optionally gzipped). Raises ValueError."""
+    if raw.startswith(_GZIP_MAGIC):
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as err:
+            raise ValueError(f"a gzip file that cannot be decompressed ({err})") from None
+    if not raw:
+        raise ValueError("the file is empty (did the rank die while dumping?)")
+    if raw.lstrip()[:1] == b"{":
+        try:
+            return json.loads(raw)
+        except (ValueError, RecursionError) as err:
+            raise ValueError(f"the JSON is malformed or truncated ({err})") from None
+    if not _PICKLE_HEAD.match(raw):
+        raise ValueError("neither a pickle nor JSON: not a flight-recorder dump")
+    try:
+        return safe_loads(raw)
+    except PickleError as err:
+        raise ValueError(str(err)) from None
+
+
+def load_one(path: str) -> RankDump | DumpProblem:
+    """Read one file; every failure becomes a DumpProblem naming the file and the reason."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError as err:
+        hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
+        return DumpProblem(path, f"cannot be read: {err.strerror or err}{hint}")
+    try:
+        return parse_dump(path, decode(raw), rank_from_name(path))
+    except ValueError as err:
+        return DumpProblem(path, str(err))
+    except (TypeError, AttributeError, KeyError, IndexError) as err:
+        return DumpProblem(
+            path, f"its content does not have the flight-recorder layout ({type(err).__name__}: {err}); is it a dump?"
+        )
+
+
+@dataclass
+class LoadResult:
+    dumps: list[RankDump]
+    problems: list[DumpProblem]
+    ranks_text: dict[str, str]  # digest -> ranks text, from every dump
+
+    def ranks_of(self, digest: str | None) -> tuple[int, ...] | None:
+        if digest is None or digest not in self.ranks_text:
+            return None
+        return parse_ranks(self.ranks_text[digest])
+
+
+_parsed_ranks: dict[str, tuple[int, ...]] = {}
+
+
+def parse_ranks(text: str) -> tuple[int, ...]:
+    if text not in _parsed_ranks:
+        body = text.strip().strip("[]()")
+        _parsed_ranks[text] = tuple(int(part) for part in body.split(",") if part.strip())
+    return _parsed_ranks[text]
+
+
+# Below this many files a worker pool costs more than it saves.
+_POOL_THRESHOLD = 48
+
+
+def load_dumps(paths: list[str], jobs: int | None = None) -> LoadResult:
+    """Discover and load every dump under `paths`, on `jobs` processes (default: every core)."""
+    files, problems = discover_dumps(paths)
+    jobs = jobs or os.cpu_count() or 1
+    results: list[RankDump | DumpProblem]
+    # The records are acyclic; the cyclic collector would only rescan them again and again as they pile up.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        if jobs > 1 and len(files) >= _POOL_THRESHOLD:
+            results = _load_in_pool(files, jobs)
+        else:
+            results = [load_one(f) for f in files]
+    finally:
+        if collecting:
+            gc.enable()
+    dumps: list[RankDump] = []
+    ranks_text: dict[str, str] = {}
+    for result in results:
+        if isinstance(result, DumpProblem):
+            problems.append(result)
+        else:
+            ranks_text.update(result.ranks_text)
+            result.ranks_text = {}
+            dumps.append(result)
+    return LoadResult(_dedupe_ranks(dumps, problems), problems, ranks_text)
+
+
+def _dedupe_ranks(dumps: list[RankDump], problems: list[DumpProblem]) -> list[RankDump]:
+    by_rank: dict[int, RankDump] = {}
+    for dump in dumps:
+        seen = by_rank.get(dump.rank)
+        if seen is None:
+            by_rank[dump.rank] = dump
+        else:
+            problems.append(
+                DumpProblem(
+                    dump.path,
+                    f"a second dump of rank {dump.rank} (the first is {seen.path}); only the first is used — "
+                    "point at one job's dumps at a time",
+                )
+            )
+    return [by_rank[r] for r in sorted(by_rank)]
+
+
+def _load_in_pool(files: list[str], jobs: int) -> list[RankDump | DumpProblem]:
+    import multiprocessing
+
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    context = multiprocessing.get_context(method)
+    chunk = max(1, len(files) // (jobs * 8))
+    with context.Pool(jobs, initializer=_worker_init) as pool:
+        return list(pool.imap(load_one, files, chunksize=chunk))

@@ -1,0 +1,403 @@
+"""`torchtriage fr`: real recordings (2xH200 NCCL, our gloo jobs), synthetic edge cases, hostile and broken input."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, H200, run_cli
+from torchtriage import exit_codes
+from torchtriage.analysis.flight_recorder import build_verdict
+from torchtriage.sources.flight_recorder import load_dumps, rank_from_name
+from torchtriage.sources.safe_pickle import PickleCorrupt, PickleRefused, safe_loads
+
+FR = FIXTURES / "fr"
+
+
+def fr_json(*paths) -> tuple[int, dict]:
+    done = run_cli("fr", "--json", *paths)
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    return done.returncode, json.loads(done.stdout)
+
+
+def lead(verdict: dict) -> dict:
+    return next(f for f in verdict["findings"] if f["role"] == "primary")
+
+
+# ------------------------------------------------------------------------------------------- real recordings
+
+
+def test_h200_skip_rank_never_enqueued_seq_4():
+    code, verdict = fr_json(H200 / "skip")
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["category"] == "hang"
+    assert verdict["culprit_ranks"] == [1]
+    finding = lead(verdict)
+    assert finding["kind"] == "not_joined" and finding["ranks"] == [1]
+    assert (verdict["facts"]["seq"], verdict["facts"]["pg_desc"]) == (4, "default_pg")
+    assert verdict["facts"]["last_enqueued_seq"] == {"3": "rank 1", "4": "rank 0"}
+    # Evidence names the file, the entry index and the rank.
+    ev = {e["rank"]: e for e in finding["evidence"]}
+    assert ev[0]["file"].endswith("skip/nccl_trace_rank_0") and ev[0]["line"] == 3
+    assert ev[1]["file"].endswith("skip/nccl_trace_rank_1")
+
+
+def test_h200_size_mismatch_at_seq_4_decided_by_call_site_history():
+    code, verdict = fr_json(H200 / "size")
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["culprit_ranks"] == [1]
+    finding = lead(verdict)
+    assert finding["kind"] == "size_mismatch"
+    assert "[[8192]]" in finding["message"] and "[[4096]]" in finding["message"]
+    assert verdict["facts"]["seq"] == 4
+    assert verdict["facts"]["decided_by"] == "call-site history"
+    assert verdict["facts"]["user_frame"]["line"] == 19  # rank 1's departing call site
+    assert verdict["actions"][0]["rule"] == "culprit" and "nccl_case.py:19" in verdict["actions"][0]["title"]
+
+
+def test_h200_op_mismatch_all_gather_vs_all_reduce_decided_by_call_site_history():
+    code, verdict = fr_json(H200 / "op")
+    assert verdict["culprit_ranks"] == [1]
+    finding = lead(verdict)
+    assert finding["kind"] == "op_mismatch"
+    assert "all_gather" in finding["message"] and "all_reduce" in finding["message"]
+    assert verdict["facts"]["seq"] == 4 and verdict["facts"]["decided_by"] == "call-site history"
+    assert verdict["facts"]["call_sites"]["1"].endswith(":21 in train_step")
+    assert verdict["facts"]["call_sites"]["0"].endswith(":22 in train_step")
+
+
+@pytest.mark.parametrize(
+    "case, culprit, kind, seq, decided_by",
+    [
+        ("skip_2r", [1], "not_joined", 4, "stopped issuing"),
+        ("op_2r", [1], "op_mismatch", 4, "call-site history"),
+        ("op_rank0_2r", [0], "op_mismatch", 4, "call-site history"),
+        ("skip_rank0_4r", [0], "not_joined", 4, "majority"),
+        ("size_json_4r", [2], "size_mismatch", 4, "majority"),
+        ("dtype_json_4r", [1], "dtype_mismatch", 4, "majority"),
+        ("subgroup_4r", [3], "not_joined", 3, "majority"),
+    ],
+)
+def test_gloo_recordings(case, culprit, kind, seq, decided_by):
+    code, verdict = fr_json(FR / case)
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["culprit_ranks"] == culprit
+    assert lead(verdict)["kind"] == kind
+    assert verdict["facts"]["seq"] == seq
+    assert verdict["facts"]["decided_by"] == decided_by
+    assert verdict["facts"]["backend"] == "gloo"
+
+
+def test_gloo_subgroup_skip_blames_the_member_not_the_ranks_blocked_in_the_subgroup():
+    _, verdict = fr_json(FR / "subgroup_4r")
+    assert verdict["facts"]["pg"] == "1" and verdict["facts"]["pg_size"] == 3
+    world = [f for f in verdict["findings"] if f["role"] == "collateral"]
+    assert world and world[0]["ranks"] == [1, 2]  # they never reached world seq 4: stuck in the subgroup
+
+
+def test_text_report_names_culprit_and_line():
+    done = run_cli("fr", H200 / "op")
+    out = done.stdout.decode()
+    assert done.returncode == exit_codes.PROBLEM_FOUND
+    assert "culprit   1" in out and "nccl_case.py:21" in out
+
+
+# --------------------------------------------------------------------------------------- synthetic dumps
+
+
+def entry(seq, op="all_reduce", size=4096, pg="0", desc="default_pg", line=22, state="completed", record=None, **kw):
+    data = {
+        "frames": [
+            {"name": op, "filename": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 3000},
+            {"name": "step", "filename": "/job/train.py", "line": line},
+        ],
+        "record_id": seq - 1 if record is None else record,
+        "pg_id": int(pg) if pg.isdigit() else 0,
+        "process_group": (pg, desc),
+        "collective_seq_id": seq,
+        "p2p_seq_id": 0,
+        "op_id": seq,
+        "profiling_name": f"nccl:{op}",
+        "time_created_ns": 1000 + seq,
+        "input_sizes": [[size]],
+        "input_dtypes": ["Float"],
+        "output_sizes": [[size]],
+        "output_dtypes": ["Float"],
+        "state": state,
+        "time_discovered_started_ns": None,
+        "time_discovered_completed_ns": None,
+        "retired": True,
+        "timeout_ms": 600000,
+        "is_p2p": False,
+    }
+    data.update(kw)
+    return data
+
+
+def write(folder: Path, rank: int, entries, world=2, version="2.10", extra_pgs=None, status=None, name=None):
+    pg_config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
+    pg_config.update(extra_pgs or {})
+    dump = {"version": version, "pg_config": pg_config, "pg_status": status or {}, "entries": entries}
+    path = folder / (name or f"nccl_trace_rank_{rank}")
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    return path
+
+
+def verdict_of(folder: Path):
+    return build_verdict(load_dumps([str(folder)], jobs=1))
+
+
+def test_agreeing_dumps_exit_zero(tmp_path):
+    for rank in range(3):
+        write(tmp_path, rank, [entry(s) for s in range(1, 6)], world=3)
+    code, verdict = fr_json(tmp_path)
+    assert code == exit_codes.OK
+    assert verdict["culprit_ranks"] == [] and verdict["findings"] == []
+
+
+def test_rank0_is_the_culprit_by_majority(tmp_path):
+    for rank in range(4):
+        write(tmp_path, rank, [entry(s, size=8192 if (rank == 0 and s == 3) else 4096) for s in range(1, 5)], world=4)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [0]
+    assert verdict.findings[0].kind == "size_mismatch"
+
+
+def test_two_rank_split_without_history_blames_nobody(tmp_path):
+    # The mismatch is at the first recorded seq: no earlier call sites, no way to tell who departed.
+    write(tmp_path, 0, [entry(1, op="all_reduce")])
+    write(tmp_path, 1, [entry(1, op="broadcast", line=30)])
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == []
+    assert verdict.findings[0].kind == "op_mismatch" and "cannot decide" in verdict.findings[0].message
+
+
+def test_ring_buffer_windows_that_start_at_different_records(tmp_path):
+    # Rank 0's buffer holds seqs 1-10, rank 1's only 6-10 (it wrapped); rank 2 disagrees at seq 8.
+    write(tmp_path, 0, [entry(s) for s in range(1, 11)], world=3)
+    write(tmp_path, 1, [entry(s, record=s + 40) for s in range(6, 11)], world=3)
+    write(tmp_path, 2, [entry(s, op="all_gather" if s == 8 else "all_reduce") for s in range(3, 11)], world=3)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [2]
+    assert verdict.facts["seq"] == 8 and verdict.findings[0].kind == "op_mismatch"
+
+
+def test_ops_before_a_ranks_buffer_start_are_not_compared(tmp_path):
+    # Seq 2 differs only on rank 0, but rank 1's window starts at seq 4: nothing there can be compared.
+    write(tmp_path, 0, [entry(s, size=1 if s == 2 else 4096) for s in range(1, 7)])
+    write(tmp_path, 1, [entry(s, record=s + 90) for s in range(4, 7)])
+    assert verdict_of(tmp_path).findings == []
+
+
+def test_missing_dump_named_and_analysis_goes_on(tmp_path):
+    write(tmp_path, 0, [entry(s) for s in range(1, 5)], world=4)
+    write(tmp_path, 1, [entry(s) for s in range(1, 5)], world=4)
+    write(tmp_path, 3, [entry(s) for s in range(1, 4)], world=4)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [3]  # 0 and 1 wait in seq 4; rank 2's side is unknown
+    assert any("no dump for rank 2" in p for p in verdict.problems)
+
+
+def test_missing_dump_is_the_suspect_when_everyone_present_waits(tmp_path):
+    for rank in (0, 1, 3):
+        write(tmp_path, rank, [entry(s, state="scheduled" if s == 4 else "completed") for s in range(1, 5)], world=4)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [2] and verdict.confidence == "low"
+    assert verdict.findings[-1].kind == "missing_dump"
+
+
+def test_pg_status_counters_count_when_the_entries_are_gone(tmp_path):
+    # Rank 1 dumped no entries (onlyActive), but its counter says it enqueued only up to seq 3.
+    write(tmp_path, 0, [entry(s) for s in range(1, 5)], status={"0": {"last_enqueued_collective": 4}})
+    write(tmp_path, 1, [], status={"0": {"last_enqueued_collective": 3}})
+    write(tmp_path, 2, [entry(s) for s in range(1, 5)], status={"0": {"last_enqueued_collective": 4}})
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [1] and verdict.findings[0].kind == "not_joined"
+
+
+def test_coalesced_ops_compare_as_one(tmp_path):
+    def coalesced(seq, sizes):
+        parts = [entry(seq, size=s) for s in sizes]
+        return parts + [entry(seq, op="coalesced", size=0)]
+
+    write(tmp_path, 0, [entry(1), *coalesced(2, [10, 20]), entry(3)], world=3)
+    write(tmp_path, 1, [entry(1), *coalesced(2, [10, 20]), entry(3)], world=3)
+    write(tmp_path, 2, [entry(1), *coalesced(2, [10, 21]), entry(3)], world=3)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [2]
+    assert verdict.facts["seq"] == 2 and verdict.findings[0].kind == "size_mismatch"
+    assert "coalesced[all_reduce, all_reduce]" in verdict.findings[0].message
+
+
+def test_all_gather_output_is_input_times_group_size(tmp_path):
+    good = entry(3, op="all_gather", size=4, output_sizes=[[2, 4]])
+    bad = entry(3, op="all_gather", size=8, output_sizes=[[2, 4]], frames=[])  # impossible on 2 ranks
+    write(tmp_path, 0, [entry(1), entry(2), good])
+    write(tmp_path, 1, [entry(1), entry(2), bad])
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [1] and verdict.facts["decided_by"] == "sizes"
+
+
+def test_all_to_all_totals(tmp_path):
+    # Uneven splits are fine; totals that do not add up are not.
+    a = entry(1, op="all_to_all", size=0, input_sizes=[[6]], output_sizes=[[4]])
+    b = entry(1, op="all_to_all", size=0, input_sizes=[[2]], output_sizes=[[5]])
+    write(tmp_path, 0, [a])
+    write(tmp_path, 1, [b])
+    verdict = verdict_of(tmp_path)
+    assert verdict.findings and verdict.findings[0].kind == "size_mismatch"
+    assert verdict.facts["total_input_numel"] == 8 and verdict.facts["total_output_numel"] == 9
+
+
+def test_state_mismatch(tmp_path):
+    for rank in range(3):
+        write(tmp_path, rank, [entry(1), entry(2, state="scheduled" if rank == 1 else "completed")], world=3)
+    verdict = verdict_of(tmp_path)
+    assert [f.kind for f in verdict.findings] == ["state_mismatch"]
+    assert verdict.culprit_ranks == [1]
+
+
+def test_p2p_send_without_matching_recv(tmp_path):
+    def p2p(kind, peers, seq):
+        return entry(0, op=f"{kind} {peers}", is_p2p=True, p2p_seq_id=seq, collective_seq_id=0, record=seq - 1)
+
+    write(tmp_path, 0, [p2p("send", "0->1", 1), p2p("send", "0->1", 2)])
+    write(tmp_path, 1, [p2p("recv", "1<-0", 1)])
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [1]
+    assert verdict.findings[0].kind == "not_joined" and "recv" in verdict.findings[0].message
+
+
+def test_subgroup_disagreement_in_split_groups_with_one_name(tmp_path):
+    # Two groups share the name "5" (split_group): {0, 1} agree, {2, 3} disagree at their seq 2.
+    for rank in range(4):
+        members = [0, 1] if rank < 2 else [2, 3]
+        sub = {"5": {"name": "5", "desc": "tp", "ranks": str(members)}}
+        size = 99 if rank == 3 else 7
+        ops = [entry(1), entry(1, pg="5", desc="tp", size=7)]
+        ops.append(entry(2, pg="5", desc="tp", size=size, line=40 if rank == 3 else 22))
+        ops[-1]["frames"][1]["line"] = 40 if rank == 3 else 22
+        write(tmp_path, rank, ops, world=4, extra_pgs=sub)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [3]
+    assert verdict.facts["pg"] == "5" and verdict.facts["pg_size"] == 2
+
+
+def test_json_form_and_rank_from_content(tmp_path):
+    dump = {
+        "version": "2.10",
+        "rank": 7,
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[6, 7]"}},
+        "pg_status": {"0": {"last_enqueued_collective": "2"}},
+        "entries": [dict(entry(s), process_group=["0", "default_pg"], frames=None) for s in (1, 2)],
+    }
+    (tmp_path / "whatever.json").write_text(json.dumps(dump))
+    load = load_dumps([str(tmp_path)], jobs=1)
+    assert [d.rank for d in load.dumps] == [7] and load.dumps[0].rank_from == "content"
+
+
+@pytest.mark.parametrize(
+    "name, rank",
+    [
+        ("nccl_trace_rank_12", 12),
+        ("comm_lib_trace_rank_3", 3),
+        ("node-a17.cluster_trace_rank_5.pkl", 5),
+        ("host12-dump-7", 7),
+        ("myprefix42", 42),
+        ("notes.txt", None),
+    ],
+)
+def test_rank_from_file_names(name, rank):
+    assert rank_from_name(name) == rank
+
+
+def test_version_mismatch_is_a_clear_message_and_other_files_still_count(tmp_path):
+    write(tmp_path, 0, [entry(s) for s in range(1, 4)], world=3)
+    write(tmp_path, 1, [entry(s) for s in range(1, 4)], world=3)
+    write(tmp_path, 2, [entry(s) for s in range(1, 4)], world=3, version="3.0")
+    code, verdict = fr_json(tmp_path)
+    assert verdict["facts"]["ranks_loaded"] == 2
+    assert any("nccl_trace_rank_2" in p and "format version is 3.0" in p for p in verdict["problems"])
+
+
+# -------------------------------------------------------------------------------------------- bad input
+
+
+class _CreatesFile:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (str(self.path), "w"))
+
+
+def test_hostile_pickle_is_refused_and_runs_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    payload = pickle.dumps({"version": "2.10", "entries": [_CreatesFile(marker)]}, protocol=2)
+    with pytest.raises(PickleRefused, match="builtins.open|io.open"):
+        safe_loads(payload)
+    hostile = tmp_path / "dumps" / "nccl_trace_rank_0"
+    hostile.parent.mkdir()
+    hostile.write_bytes(payload)
+    done = run_cli("fr", hostile.parent)
+    assert done.returncode == exit_codes.BAD_INPUT
+    assert b"refused" in done.stderr and b"Traceback" not in done.stderr
+    assert not marker.exists()
+
+
+def test_truncated_and_empty_files(tmp_path):
+    good = write(tmp_path, 0, [entry(s) for s in range(1, 4)])
+    raw = good.read_bytes()
+    (tmp_path / "nccl_trace_rank_1").write_bytes(raw[: len(raw) // 2])
+    (tmp_path / "nccl_trace_rank_2").write_bytes(b"")
+    with pytest.raises(PickleCorrupt, match="truncated"):
+        safe_loads(raw[: len(raw) // 2])
+    code, verdict = fr_json(tmp_path)
+    problems = " ".join(verdict["problems"])
+    assert "nccl_trace_rank_1: the pickle is truncated" in problems
+    assert "nccl_trace_rank_2: the file is empty" in problems
+    assert verdict["facts"]["ranks_loaded"] == 1
+
+
+def test_nothing_usable_exits_3_with_one_line_per_file(tmp_path):
+    (tmp_path / "nccl_trace_rank_0").write_bytes(b"")
+    (tmp_path / "nccl_trace_rank_1").write_bytes(pickle.dumps({"version": "1.0", "entries": []}, protocol=2))
+    done = run_cli("fr", tmp_path)
+    assert done.returncode == exit_codes.BAD_INPUT
+    err = done.stderr.decode()
+    assert "nccl_trace_rank_0: the file is empty" in err and "format version is 1.0" in err
+
+
+def test_usage_errors(tmp_path):
+    assert run_cli("fr").returncode == exit_codes.USAGE
+    assert run_cli("fr", "--jobs", "0", tmp_path).returncode == exit_codes.USAGE
+    assert run_cli("fr", tmp_path / "nope").returncode == exit_codes.BAD_INPUT
+
+
+def test_worker_pool_gives_the_same_verdict(tmp_path):
+    for rank in range(64):
+        ops = [entry(s, size=1 if (rank == 41 and s == 5) else 4096) for s in range(1, 8)]
+        write(tmp_path, rank, ops, world=64)
+    pooled = build_verdict(load_dumps([str(tmp_path)], jobs=2))
+    single = build_verdict(load_dumps([str(tmp_path)], jobs=1))
+    assert pooled.culprit_ranks == single.culprit_ranks == [41]
+    assert pooled.findings[0].message == single.findings[0].message
+
+
+@pytest.mark.parametrize(
+    "case, culprit, kind, decided_by",
+    [
+        ("rank0_skip", [0], "not_joined", "stopped issuing"),
+        # The waiting rank's first training step is called from a new line: that must not blame it.
+        ("dataloader", [1], "not_joined", "stopped issuing"),
+        # Both call sites are new; rank 1's op (a barrier) is one it never issued before: the larger departure.
+        ("barrier", [1], "op_mismatch", "call-site history"),
+    ],
+)
+def test_h200_hang_recordings(case, culprit, kind, decided_by):
+    _, verdict = fr_json(FIXTURES / "h200x2_hangs" / case)
+    assert verdict["culprit_ranks"] == culprit
+    assert lead(verdict)["kind"] == kind and verdict["facts"]["decided_by"] == decided_by
