@@ -1,0 +1,378 @@
+"""py-spy `dump` output, text or `--json`, as plain records: processes, threads, frames.
+
+The text form (py-spy's src/dump.rs) is, per process:
+
+    Process 4242: /usr/bin/python3 -u train.py
+    Python v3.11.7 (/usr/bin/python3.11)
+    Parent Process 4200: torchrun ...            (only with --subprocesses)
+
+    Thread 4242 (idle): "MainThread"             (id: the OS thread id, or 0x... without one;
+        all_reduce (torch/distributed/distributed_c10d.py:3252)      status: idle|active|active+gil)
+            Arguments:                           (only with --locals)
+                tensor: <Tensor at 0x7f...>
+        0x7f56ea81488e (libcuda.so.580.159.04)   (a native frame, with --native: no line number)
+
+`--subprocesses` separates processes with a line of dashes. The JSON form is a list of threads:
+`{pid, thread_id, thread_name, os_thread_id, active, owns_gil, frames: [{name, filename, module,
+short_filename, line, locals: [{name, addr, arg, repr}] | null, is_entry, ...}], process_info}`; it
+has no command line or Python version, and gives full file names where the text gives short ones.
+
+Frames are kept **innermost first**, the order py-spy prints them in both forms: `frames[0]` is where
+the thread is now, `frames[-1]` its entry point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from torchtriage.errors import InputError
+from torchtriage.sources.files import rank_from_path
+
+_JSON_START = re.compile(r"\s*\[\s*([{\]]|$)")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
+_PYTHON = re.compile(r"^Python v(\S+)(?: \((.*)\))?$")
+_PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
+_THREAD = re.compile(r'^Thread (0[xX][0-9a-fA-F]+|\d+) \(([a-z+]+)\)(?:: "(.*)")?$')
+# The name may hold spaces and parentheses (C++ symbols); the file part is the last "(...)".
+_FRAME = re.compile(r"^ {4}(\S.*?) \(([^()]*?)(?::(\d+))?\)$")
+_LOCALS_HEADER = re.compile(r"^ {8}(Arguments|Locals)::?$")
+_LOCAL = re.compile(r"^ {12}([^:]+): ?(.*)$")
+_SEPARATOR = re.compile(r"^-{10,}$")
+_NATIVE_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".h", ".hpp", ".rs", ".S")
+
+
+@dataclass(frozen=True)
+class Local:
+    name: str
+    repr: str | None
+    is_argument: bool
+
+
+@dataclass(frozen=True)
+class StackFrame:
+    function: str
+    file: str  # as py-spy gave it: the short name in the text form, the full path in JSON
+    line: int  # 0 when py-spy has no line (native frames)
+    native: bool = False  # a C/C++ frame from --native, not Python code
+    short_file: str | None = None  # JSON only: py-spy's short form of `file`
+    locals: tuple[Local, ...] = ()
+    dump_line: int | None = None  # the frame's line in a text dump, for evidence
+
+    @property
+    def text(self) -> str:
+        """The frame the way py-spy prints it: `function (file:line)`."""
+        where = f"{self.short_file or self.file}:{self.line}" if self.line else (self.short_file or self.file)
+        return f"{self.function} ({where})"
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    thread_id: int  # the OS thread id when py-spy knows it (as it prints), else the Python thread id
+    name: str | None
+    active: bool  # False: py-spy saw the thread idle (blocked in a system call)
+    owns_gil: bool
+    frames: tuple[StackFrame, ...]  # innermost first
+    os_thread_id: int | None = None
+
+    @property
+    def python_frames(self) -> tuple[StackFrame, ...]:
+        return tuple(f for f in self.frames if not f.native)
+
+
+@dataclass(frozen=True)
+class ProcessStack:
+    pid: int
+    source: str  # the file it was read from
+    threads: tuple[ThreadStack, ...]
+    command: str | None = None  # text form only
+    python_version: str | None = None  # text form only
+    python_executable: str | None = None  # text form only
+    parent_pid: int | None = None
+    has_native_frames: bool = False
+    has_full_paths: bool = False  # JSON: `file` is a full path, so library files are known for sure
+
+    def main_thread(self) -> ThreadStack | None:
+        """The thread named MainThread, else the one whose OS id is the pid, else the first."""
+        for thread in self.threads:
+            if thread.name == "MainThread":
+                return thread
+        for thread in self.threads:
+            if thread.os_thread_id == self.pid or thread.thread_id == self.pid:
+                return thread
+        return self.threads[0] if self.threads else None
+
+
+def _is_native(file: str, line: int) -> bool:
+    if file.endswith((".py", ".pyw")) or file.startswith("<"):
+        return False
+    return line == 0 or file.endswith(_NATIVE_SOURCE_SUFFIXES)
+
+
+def _decode(data: bytes | str, source: str) -> str:
+    if isinstance(data, str):
+        text = data
+    else:
+        if b"\x00" in data[:8192]:
+            raise InputError(f"{source}: this is a binary file, not py-spy dump output (text or --json)")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise InputError(
+                f"{source}: not UTF-8 text at byte {err.start}; expected the output of `py-spy dump`"
+            ) from None
+    if not text.strip():
+        raise InputError(f"{source}: the file is empty; re-run `py-spy dump --pid PID > {source}` while the job hangs")
+    return text
+
+
+def parse_dump(data: bytes | str, source: str = "<input>") -> list[ProcessStack]:
+    """Parse py-spy dump output in either form (JSON: a `.json` name, or a list of objects)."""
+    text = _decode(data, source)
+    if source.endswith(".json") or _JSON_START.match(text):
+        return parse_json(text, source)
+    return parse_text(text, source)
+
+
+def read_dump(path: str | os.PathLike) -> list[ProcessStack]:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
+    return parse_dump(data, str(path))
+
+
+class _TextParser:
+    def __init__(self, text: str, source: str) -> None:
+        self.lines = _ANSI.sub("", text).splitlines()
+        self.truncated_tail = not text.endswith(("\n", "\r"))
+        self.source = source
+        self.processes: list[ProcessStack] = []
+
+    def fail(self, number: int, what: str) -> InputError:
+        line = self.lines[number - 1] if 0 < number <= len(self.lines) else ""
+        cut = " (the file looks truncated)" if number == len(self.lines) and self.truncated_tail else ""
+        return InputError(f"{self.source}:{number}: {what}{cut}: {line.strip()[:120]!r}")
+
+    def parse(self) -> list[ProcessStack]:
+        first = next((i for i, line in enumerate(self.lines) if line.strip()), None)
+        head = self.lines[first].strip()
+        if head.startswith("Error:") or head.startswith("error:"):
+            raise InputError(f"{self.source}: py-spy failed instead of dumping stacks: {head[:300]}")
+        if not _PROCESS.match(head):
+            raise self.fail(
+                first + 1, "not py-spy dump output: expected 'Process <pid>: <command>' (or '[' for --json)"
+            )
+        index = first
+        while index < len(self.lines):
+            line = self.lines[index].rstrip()
+            if not line or _SEPARATOR.match(line):
+                index += 1
+            elif _PROCESS.match(line):
+                index = self._process(index)
+            else:
+                raise self.fail(index + 1, "expected 'Process <pid>: <command>'")
+        return self.processes
+
+    def _process(self, index: int) -> int:
+        pid_text, command = _PROCESS.match(self.lines[index].rstrip()).groups()
+        header_line = index + 1
+        index += 1
+        version = executable = parent = None
+        while index < len(self.lines):
+            line = self.lines[index].rstrip()
+            if m := _PYTHON.match(line):
+                version, executable = m.groups()
+            elif m := _PARENT.match(line):
+                parent = int(m.group(1))
+            elif line:
+                break
+            index += 1
+        if version is None:
+            raise self.fail(min(header_line + 1, len(self.lines)), "expected 'Python v<version> (<executable>)'")
+        threads: list[ThreadStack] = []
+        native = False
+        while index < len(self.lines):
+            line = self.lines[index].rstrip()
+            if not line:
+                index += 1
+                continue
+            m = _THREAD.match(line)
+            if not m:
+                break
+            thread, index = self._thread(m, index + 1)
+            native = native or any(f.native for f in thread.frames)
+            threads.append(thread)
+        if not threads:
+            raise self.fail(min(index + 1, len(self.lines)), "no 'Thread <id> (<status>)' stack after the header")
+        self.processes.append(
+            ProcessStack(
+                pid=int(pid_text),
+                source=self.source,
+                threads=tuple(threads),
+                command=command or None,
+                python_version=version,
+                python_executable=executable,
+                parent_pid=parent,
+                has_native_frames=native,
+            )
+        )
+        return index
+
+    def _thread(self, header: re.Match, index: int) -> tuple[ThreadStack, int]:
+        ident, status, name = header.groups()
+        tokens = set(status.split("+"))
+        if not tokens <= {"idle", "active", "gil"}:
+            raise self.fail(index, f"unknown thread status {status!r} (py-spy prints idle, active or active+gil)")
+        frames: list[StackFrame] = []
+        locals_: list[Local] = []
+        is_argument = False
+        while index < len(self.lines):
+            line = self.lines[index].rstrip()
+            if m := _FRAME.match(line):
+                self._attach_locals(frames, locals_)
+                function, file, number = m.groups()
+                line_no = int(number) if number else 0
+                frames.append(StackFrame(function, file, line_no, _is_native(file, line_no), dump_line=index + 1))
+            elif m := _LOCALS_HEADER.match(line):
+                is_argument = m.group(1) == "Arguments"
+            elif frames and (m := _LOCAL.match(line)):
+                locals_.append(Local(m.group(1).strip(), m.group(2), is_argument))
+            elif line.startswith(" "):
+                raise self.fail(index + 1, "not a frame line ('    <function> (<file>:<line>)')")
+            else:
+                break
+            index += 1
+        self._attach_locals(frames, locals_)
+        thread_id = int(ident, 16) if ident.lower().startswith("0x") else int(ident)
+        thread = ThreadStack(
+            thread_id=thread_id,
+            name=name,
+            active="idle" not in tokens,
+            owns_gil="gil" in tokens,
+            frames=tuple(frames),
+            # py-spy prints the OS thread id in decimal when it has one, the Python id in hex otherwise.
+            os_thread_id=None if ident.lower().startswith("0x") else thread_id,
+        )
+        return thread, index
+
+    @staticmethod
+    def _attach_locals(frames: list[StackFrame], locals_: list[Local]) -> None:
+        if frames and locals_:
+            last = frames[-1]
+            frames[-1] = StackFrame(
+                last.function, last.file, last.line, last.native, None, tuple(locals_), last.dump_line
+            )
+            locals_.clear()
+
+
+def parse_text(text: str, source: str = "<input>") -> list[ProcessStack]:
+    """Parse `py-spy dump` text output (with or without --native, --locals, --subprocesses)."""
+    return _TextParser(_decode(text, source), source).parse()
+
+
+def parse_json(text: str, source: str = "<input>") -> list[ProcessStack]:
+    """Parse `py-spy dump --json` output: a list of threads, grouped here into processes by pid."""
+    text = _decode(text, source)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        at_end = err.pos >= len(text.rstrip()) - 1
+        why = "it ends before the JSON does (truncated?)" if at_end else f"malformed JSON: {err.msg}"
+        raise InputError(f"{source}:{err.lineno}: {why}; expected the output of `py-spy dump --json`") from None
+    if not isinstance(data, list) or not data:
+        raise InputError(f"{source}: expected a non-empty JSON list of threads, as `py-spy dump --json` writes")
+    by_pid: dict[int, list[ThreadStack]] = {}
+    commands: dict[int, str] = {}
+    for position, item in enumerate(data):
+        pid, thread, command = _json_thread(item, source, position)
+        by_pid.setdefault(pid, []).append(thread)
+        if command:
+            commands.setdefault(pid, command)
+    return [
+        ProcessStack(
+            pid=pid,
+            source=source,
+            threads=tuple(threads),
+            command=commands.get(pid),
+            has_native_frames=any(f.native for t in threads for f in t.frames),
+            has_full_paths=True,
+        )
+        for pid, threads in by_pid.items()
+    ]
+
+
+def _json_thread(item: object, source: str, position: int) -> tuple[int, ThreadStack, str | None]:
+    where = f"{source}: thread #{position}"
+    if not isinstance(item, dict):
+        raise InputError(f"{where}: expected an object with pid, thread_id and frames, found {type(item).__name__}")
+    missing = [key for key in ("pid", "thread_id", "frames") if key not in item]
+    if missing:
+        raise InputError(f"{where}: missing {', '.join(missing)}; is this `py-spy dump --json` output?")
+    if not isinstance(item["frames"], list):
+        raise InputError(f"{where}: 'frames' is not a list")
+    frames = []
+    for index, frame in enumerate(item["frames"]):
+        if not isinstance(frame, dict) or "name" not in frame or "filename" not in frame:
+            raise InputError(f"{where}, frame #{index}: expected an object with name and filename")
+        line = int(frame.get("line") or 0)
+        file = str(frame["filename"])
+        # Native frames name their shared library as the module; Python frames have none.
+        native = frame.get("module") is not None or _is_native(file, line)
+        locals_ = tuple(Local(str(v.get("name")), v.get("repr"), bool(v.get("arg"))) for v in frame.get("locals") or ())
+        frames.append(StackFrame(str(frame["name"]), file, line, native, frame.get("short_filename"), locals_))
+    info = item.get("process_info")
+    command = info.get("command_line") if isinstance(info, dict) else None
+    thread = ThreadStack(
+        thread_id=int(item["thread_id"]),
+        name=item.get("thread_name"),
+        active=bool(item.get("active", True)),
+        owns_gil=bool(item.get("owns_gil", False)),
+        frames=tuple(frames),
+        os_thread_id=item.get("os_thread_id"),
+    )
+    return int(item["pid"]), thread, command
+
+
+def read_rank_dump(path: str | os.PathLike, rank: int | None = None) -> tuple[int, ProcessStack]:
+    """One rank's dump: the rank from `rank` or the file name (rank03.txt, pyspy_rank3.json)."""
+    rank = rank_from_path(str(path)) if rank is None else rank
+    if rank is None:
+        raise InputError(f"{path}: cannot tell which rank this dump is; name it rank<N>.txt or rank<N>.json")
+    processes = read_dump(path)
+    if len(processes) != 1:
+        pids = ", ".join(str(p.pid) for p in processes)
+        raise InputError(f"{path}: holds {len(processes)} processes ({pids}); dump each rank into its own file")
+    return rank, processes[0]
+
+
+def _preference(process: ProcessStack) -> tuple[bool, bool]:
+    # Native frames tell a lock from a sleep; full paths tell library code from user code.
+    return process.has_native_frames, process.has_full_paths
+
+
+def load_rank_dumps(paths: list[str | os.PathLike]) -> dict[int, ProcessStack]:
+    """Rank -> its dump, from files and folders of `rank<N>.txt` / `.json` (any py-spy form).
+
+    When one rank has several dumps (text and JSON, plain and --native), the richest is kept.
+    """
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files += sorted(
+                p for p in path.iterdir() if p.suffix in (".txt", ".json") and rank_from_path(p.name) is not None
+            )
+        else:
+            files.append(path)
+    if not files:
+        raise InputError(f"no py-spy dumps (rank<N>.txt or rank<N>.json) in {', '.join(map(str, paths))}")
+    chosen: dict[int, ProcessStack] = {}
+    for file in files:
+        rank, process = read_rank_dump(file)
+        if rank not in chosen or _preference(process) > _preference(chosen[rank]):
+            chosen[rank] = process
+    return dict(sorted(chosen.items()))
