@@ -18,6 +18,8 @@ from torchtriage.errors import TriageError
 VERBS = {
     "triage": ("triage", "diagnose failure logs (files, folders, gzip, or - for stdin)"),
     "fr": ("fr", "analyse flight-recorder dumps: the first collective where ranks disagree, and the culprit"),
+    "dump": ("dump", "capture every rank's Python stack on this node at once (py-spy), one file per rank"),
+    "record": ("record", "record flame graphs (SVG, speedscope) of every rank on this node over one window"),
     "rules": ("rules", "list the knowledge base: the known failure modes"),
     "explain": ("rules", "show one rule: its cause, the messages it matches, the fixes"),
     "demo": ("demo", "run a small CPU job in which one rank skips a collective, then diagnose its log"),

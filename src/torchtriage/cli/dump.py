@@ -1,0 +1,84 @@
+"""`torchtriage dump`: every rank's Python stack on this node, captured at once with py-spy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torchtriage import exit_codes
+from torchtriage.collect.capture import DEFAULT_DUMP_TIMEOUT_S, CaptureResult, capture_stacks, default_out_dir
+from torchtriage.collect.pyspy import sigterm_as_interrupt
+from torchtriage.errors import UsageError
+
+INTERRUPTED = 130  # the shell's code for Ctrl-C
+
+
+def add_targeting(parser: argparse.ArgumentParser) -> None:
+    """--pid and --out, shared by `dump` and `record`."""
+    parser.add_argument(
+        "--pid",
+        type=int,
+        action="append",
+        metavar="PID",
+        help="a rank's pid, or a torchrun agent's (expanded to its workers); repeatable. Default: the workers "
+        "of the torchrun job on this node",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help=f"write <DIR>/<host>-<YYYYmmdd-HHMMSS>/ (default {default_out_dir()}, node-local; on a cluster "
+        "give a shared directory to gather every node's folder)",
+    )
+    parser.add_argument(
+        "--native", action="store_true", help="include native (C/C++/CUDA) frames (py-spy --native; slower)"
+    )
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    add_targeting(parser)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_DUMP_TIMEOUT_S,
+        metavar="S",
+        help=f"bound on each py-spy run (a rank gets two: text, then JSON); default {DEFAULT_DUMP_TIMEOUT_S:g}",
+    )
+    parser.add_argument("--json", action="store_true", help="print summary.json to standard output")
+
+
+def render_summary(result: CaptureResult, what: str) -> str:
+    n, ok = len(result.processes), len(result.processes) - len(result.failures)
+    agents = sorted({p.target.agent_pid for p in result.processes if p.target.agent_pid})
+    via = f" (torchrun agent {', '.join(map(str, agents))})" if agents else ""
+    lines = [f"{what} {ok} of {n} process{'es' if n != 1 else ''} on {result.host}{via}"]
+    for p in result.processes:
+        rank = f"rank {p.target.rank}" if p.target.rank is not None else "rank ?"
+        status = "ok      " + " ".join(p.files) if p.ok else "FAILED"
+        lines.append(f"  {rank:<9} pid {p.target.pid:<8} {status}")
+        if not p.ok:
+            lines.append(f"    {p.error}")
+    for warning in result.warnings:
+        lines.append(f"  warning: {warning}")
+    for note in result.preflight.decision.notes:
+        lines.append(f"  note: {note}")
+    if result.interrupted:
+        lines.append("interrupted: every py-spy was stopped; what finished is kept")
+    lines.append(f"files: {result.folder}/ (summary.json)")
+    return "\n".join(lines)
+
+
+def exit_code(result: CaptureResult) -> int:
+    if result.interrupted:
+        return INTERRUPTED
+    return exit_codes.OK if result.ok else exit_codes.PROBLEM_FOUND
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}.")
+    with sigterm_as_interrupt():
+        result = capture_stacks(args.pid, args.out, native=args.native, timeout_s=args.timeout)
+    print(json.dumps(result.to_json(), indent=2) if args.json else render_summary(result, "captured the stacks of"))
+    return exit_code(result)

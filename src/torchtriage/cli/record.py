@@ -1,0 +1,57 @@
+"""`torchtriage record`: flame graphs (SVG and speedscope) of every rank on this node, over one window."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from torchtriage.cli.dump import add_targeting, exit_code, render_summary
+from torchtriage.collect.capture import RECORD_SLACK_S, record_profiles
+from torchtriage.collect.pyspy import sigterm_as_interrupt
+from torchtriage.errors import UsageError
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    add_targeting(parser)
+    parser.add_argument("--duration", type=int, default=30, metavar="S", help="seconds to sample (default 30)")
+    parser.add_argument("--rate", type=int, default=100, metavar="HZ", help="samples per second (default 100)")
+    parser.add_argument(
+        "--idle",
+        action="store_true",
+        help="include idle threads (waiting in a collective, sleeping): needed to see where a stuck rank waits",
+    )
+    parser.add_argument(
+        "--nonblocking",
+        action="store_true",
+        help="do not pause the ranks to sample (py-spy --nonblocking): less overhead, occasionally torn stacks",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=RECORD_SLACK_S,
+        metavar="S",
+        help=f"extra seconds beyond --duration before a py-spy is killed (default {RECORD_SLACK_S:g})",
+    )
+    parser.add_argument("--json", action="store_true", help="print summary.json to standard output")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.duration < 1:
+        raise UsageError(f"--duration must be at least 1 second, not {args.duration}.")
+    if args.rate < 1:
+        raise UsageError(f"--rate must be at least 1 sample per second, not {args.rate}.")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}.")
+    with sigterm_as_interrupt():
+        result = record_profiles(
+            args.pid,
+            args.out,
+            duration_s=args.duration,
+            rate=args.rate,
+            native=args.native,
+            idle=args.idle,
+            nonblocking=args.nonblocking,
+            timeout_s=args.timeout,
+        )
+    print(json.dumps(result.to_json(), indent=2) if args.json else render_summary(result, "recorded"))
+    return exit_code(result)
