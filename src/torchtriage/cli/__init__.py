@@ -20,6 +20,8 @@ VERBS = {
     "fr": ("fr", "analyse flight-recorder dumps: the first collective where ranks disagree, and the culprit"),
     "dump": ("dump", "capture every rank's Python stack on this node at once (py-spy), one file per rank"),
     "record": ("record", "record flame graphs (SVG, speedscope) of every rank on this node over one window"),
+    "diagnose": ("diagnose", "my job is stuck: stacks, flight recorder and logs fused into one verdict"),
+    "run": ("run", "run a launcher with diagnostics armed: flight recorder and a hang watchdog in every rank"),
     "rules": ("rules", "list the knowledge base: the known failure modes"),
     "explain": ("rules", "show one rule: its cause, the messages it matches, the fixes"),
     "demo": ("demo", "run a small CPU job in which one rank skips a collective, then diagnose its log"),

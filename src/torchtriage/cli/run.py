@@ -1,0 +1,100 @@
+"""`torchtriage run [--out DIR] [--stall-seconds N] -- LAUNCHER ARGS...`: a job armed for diagnosis.
+
+Runs any launcher (torchrun, `python -m torch.distributed.run`, srun, mpirun ...) unchanged, with:
+- the flight recorder armed (buffer, dump on timeout, dump path in DIR/fr), unless the user set it;
+- a hang watchdog injected into every rank through a `sitecustomize` on PYTHONPATH: after N seconds
+  without progress it writes every rank's stacks and flight-recorder buffer and the fused verdict
+  into DIR/hang, before the NCCL watchdog or the scheduler kills the job.
+The child's output passes through untouched and its exit code is returned.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torchtriage
+from torchtriage.errors import EnvironmentProblem, UsageError
+
+INJECT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "inject"
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", metavar="DIR", help="where diagnostics go (default: ./torchtriage-run-<time>)")
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=300.0,
+        help="seconds without progress before a rank counts as stalled (default 300)",
+    )
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- LAUNCHER ARGS", help="the launcher and its arguments, after --"
+    )
+
+
+def flight_recorder_env(out_dir: Path, environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """The flight-recorder settings to add, and a warning for each that the user already set differently.
+
+    Both spellings are set: torch reads TORCH_FR_* now and TORCH_NCCL_* in older releases.
+    """
+    prefix = str(out_dir / "fr" / "nccl_trace_rank_")
+    wanted = {
+        "TORCH_FR_BUFFER_SIZE": "20000",
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": prefix,
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
+    }
+    added, kept = {}, []
+    for name, value in wanted.items():
+        current = environ.get(name)
+        if current in (None, ""):
+            added[name] = value
+        elif current != value:
+            kept.append(f"{name}={current} (yours, kept; torchtriage would set {value})")
+    return added, kept
+
+
+def armed_environment(out_dir: Path, stall_seconds: float, environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    env = dict(environ)
+    added, kept = flight_recorder_env(out_dir, environ)
+    env.update(added)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), environ.get("PYTHONPATH", "")) if p)
+    env["TORCHTRIAGE_RUN_DIR"] = str(out_dir)
+    env["TORCHTRIAGE_STALL_SECONDS"] = str(stall_seconds)
+    env["TORCHTRIAGE_HOME"] = str(Path(torchtriage.__file__).resolve().parent.parent)
+    return env, kept
+
+
+def run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise UsageError("give the launcher after --, e.g. torchtriage run -- torchrun --nproc_per_node 8 train.py")
+    if args.stall_seconds <= 0:
+        raise UsageError("--stall-seconds must be positive.")
+    out_dir = Path(args.out or f"torchtriage-run-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ))
+    for message in kept:
+        warnings.warn(f"torchtriage run: {message}", stacklevel=1)
+    print(f"torchtriage run: diagnostics in {out_dir} (stall after {args.stall_seconds:g} s)", file=sys.stderr)
+    try:
+        child = subprocess.Popen(command, env=env)
+    except FileNotFoundError:
+        raise EnvironmentProblem(f"{command[0]}: command not found; check the launcher's name and PATH.") from None
+    # Ctrl-C reaches the child through the terminal's process group; wait for it to finish its own way.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    verdict = out_dir / "hang" / "verdict.txt"
+    if verdict.exists():
+        print(f"torchtriage run: a stall was diagnosed: {verdict}", file=sys.stderr)
+    return code if code >= 0 else 128 - code

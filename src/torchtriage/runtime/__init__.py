@@ -1,0 +1,1 @@
+"""Helpers that run inside training processes. They import torch lazily and never raise into training."""

@@ -1,0 +1,45 @@
+"""Injected by `torchtriage run` through PYTHONPATH: arms the hang watchdog in every training rank.
+
+Python imports the first `sitecustomize` on its path at start-up; this one starts the watchdog in
+processes that are ranks (RANK is set; the launcher's own agent has none), then hands over to the
+sitecustomize that would otherwise have run, so the user's set-up is unchanged.
+"""
+
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _start_watchdog():
+    if not os.environ.get("TORCHTRIAGE_RUN_DIR") or os.environ.get("RANK") is None:
+        return
+    try:
+        import torchtriage  # noqa: F401
+    except ImportError:
+        home = os.environ.get("TORCHTRIAGE_HOME")
+        if home:
+            sys.path.append(home)  # last, so it never shadows the user's own packages
+    try:
+        from torchtriage.runtime.watchdog import start_from_environment
+
+        start_from_environment()
+    except Exception as err:  # noqa: BLE001 - never stop a rank from starting
+        print(f"torchtriage: the hang watchdog did not start: {type(err).__name__}: {err}", file=sys.stderr)
+
+
+def _chain_to_next_sitecustomize():
+    for entry in sys.path:
+        if not entry or os.path.abspath(entry) == _HERE:
+            continue
+        candidate = os.path.join(entry, "sitecustomize.py")
+        if os.path.isfile(candidate):
+            spec = importlib.util.spec_from_file_location("_torchtriage_chained_sitecustomize", candidate)
+            if spec and spec.loader:
+                spec.loader.exec_module(importlib.util.module_from_spec(spec))
+            return
+
+
+_start_watchdog()
+_chain_to_next_sitecustomize()

@@ -1,0 +1,233 @@
+"""A hang watchdog inside each rank: notices a stall, leaves the evidence and a verdict before the kill.
+
+`HangWatchdog` runs one daemon thread per rank. Progress is anything that moves the main thread —
+its innermost frame changing — or an explicit `progress()` call from the training loop. When the
+main thread has not moved for `stall_seconds`:
+
+1. the rank writes every thread's stack (py-spy's text form, so the stack readers take it as is)
+   and its flight-recorder buffer (torch records gloo and NCCL collectives alike) into `out_dir`;
+2. through the c10d store — never through the communicator that may be stuck — it asks every other
+   rank to do the same, so the culprit, which may not be stalled at all, leaves its stack too;
+3. the first rank to notice becomes the reporter: it waits for the others' files, fuses them into
+   one verdict and writes `verdict.json` and `verdict.txt` into `out_dir`.
+
+Do no harm: the thread sleeps between polls without holding the GIL, reads frames only briefly,
+swallows its own failures (a warning, never an exception into training), and changes no control
+flow of the training loop. A faulthandler timer armed well past the stall backs it up for a main
+thread that holds the GIL forever, which no Python thread could observe.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import io
+import os
+import sys
+import threading
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+STORE_PREFIX = "torchtriage/watchdog/"
+# `torchtriage diagnose` creates this file in the run's folder to ask every armed rank for a fresh dump.
+REQUEST_FILE = "REQUEST"
+_REPORT_WAIT_S = 30.0  # how long the reporter waits for the other ranks' files
+
+
+def _env_rank(name: str) -> int | None:
+    value = os.environ.get(name, "")
+    return int(value) if value.isdigit() else None
+
+
+def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled: bool) -> str:
+    """All threads' stacks in py-spy's `dump` text form, innermost frame first."""
+    names = {thread.ident: thread.name for thread in threading.enumerate()}
+    lines = [f"Process {os.getpid()}: {' '.join(sys.argv)}", f"Python v{sys.version.split()[0]} ({sys.executable})", ""]
+    ordered = sorted(frames_by_thread.items(), key=lambda item: item[0] != main_ident)
+    for ident, frame in ordered:
+        # py-spy's statuses: a main thread that has not moved for the whole stall window is blocked.
+        status = "idle" if stalled and ident == main_ident else "active"
+        lines.append(f'Thread {ident:#x} ({status}): "{names.get(ident, "Thread")}"')
+        for summary in reversed(traceback.extract_stack(frame)):
+            lines.append(f"    {summary.name} ({summary.filename}:{summary.lineno})")
+        lines.append("")
+    return "\n".join(lines)
+
+
+class HangWatchdog:
+    """Writes stacks, flight-recorder dumps and a fused verdict when this rank stops making progress.
+
+    Use as a context manager or with start()/stop(). `progress()` may be called from the training
+    loop (each step, each collective); without it, a moving main thread counts as progress.
+    """
+
+    def __init__(
+        self,
+        stall_seconds: float = 300.0,
+        out_dir: str | os.PathLike = "torchtriage-hang",
+        poll_seconds: float | None = None,
+        report: bool = True,
+    ):
+        if stall_seconds <= 0:
+            raise ValueError("stall_seconds must be positive")
+        self.stall_seconds = float(stall_seconds)
+        self.out_dir = Path(out_dir)
+        self.poll_seconds = poll_seconds or max(1.0, min(5.0, self.stall_seconds / 10))
+        self.report = report
+        self.rank = _env_rank("RANK")
+        self.world_size = _env_rank("WORLD_SIZE")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._main_ident = threading.main_thread().ident
+        self._last_position: tuple | None = None
+        self._last_progress = time.monotonic()
+        self._dumped = False
+        self._reported = False
+
+    # -- public -------------------------------------------------------------------------------
+    def progress(self) -> None:
+        self._last_progress = time.monotonic()
+
+    def start(self) -> HangWatchdog:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="torchtriage-watchdog", daemon=True)
+            self._thread.start()
+            self._arm_backstop()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        faulthandler.cancel_dump_traceback_later()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.poll_seconds + 1)
+
+    def __enter__(self) -> HangWatchdog:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_seconds):
+            try:
+                self._poll()
+            except Exception as err:  # noqa: BLE001 - the watchdog must never take training down
+                warnings.warn(f"torchtriage watchdog: {type(err).__name__}: {err}", RuntimeWarning, stacklevel=1)
+
+    def _poll(self) -> None:
+        frame = sys._current_frames().get(self._main_ident)
+        position = (id(frame.f_code), frame.f_lineno) if frame is not None else None
+        now = time.monotonic()
+        if position != self._last_position:
+            self._last_position = position
+            self._last_progress = now
+            self._arm_backstop()
+        stalled = now - self._last_progress >= self.stall_seconds
+        store = self._store()
+        requested = (store is not None and self._dump_requested(store)) or (self.out_dir / REQUEST_FILE).exists()
+        if (stalled or requested) and not self._dumped:
+            self._dump(stalled)
+            if store is not None:
+                self._announce(store, stalled)
+        if stalled and self.report and not self._reported and store is not None:
+            self._reported = True
+            if int(store.add(STORE_PREFIX + "reporter", 1)) == 1:
+                self._write_verdict(store)
+        elif stalled and self.report and not self._reported and store is None:
+            self._reported = True
+            self._write_verdict(None)
+
+    def _arm_backstop(self) -> None:
+        # Re-armed on every observed move; fires only if this thread itself cannot run.
+        path = self.out_dir / f"faulthandler-rank{self.rank if self.rank is not None else os.getpid()}.txt"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not hasattr(self, "_backstop_file"):
+                self._backstop_file = open(path, "w")  # noqa: SIM115 - kept open for faulthandler
+            faulthandler.dump_traceback_later(self.stall_seconds * 2 + 30, repeat=False, file=self._backstop_file)
+        except (OSError, ValueError, RuntimeError):
+            pass
+
+    # -- evidence ----------------------------------------------------------------------------
+    def _name(self) -> str:
+        return f"rank{self.rank:02d}" if self.rank is not None else f"pid{os.getpid()}"
+
+    def _dump(self, stalled: bool) -> None:
+        self._dumped = True
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        stacks = format_stacks(sys._current_frames(), self._main_ident, stalled)
+        (self.out_dir / f"{self._name()}.txt").write_text(stacks)
+        fr = self._flight_recorder_dump()
+        if fr is not None:
+            fr_dir = self.out_dir / "fr"
+            fr_dir.mkdir(exist_ok=True)
+            (fr_dir / f"nccl_trace_rank_{self.rank if self.rank is not None else os.getpid()}").write_bytes(fr)
+
+    @staticmethod
+    def _flight_recorder_dump() -> bytes | None:
+        if "torch" not in sys.modules:
+            return None
+        try:
+            from torch._C import _distributed_c10d as c10d
+
+            return c10d._dump_fr_trace(True, True, False)
+        except Exception:  # noqa: BLE001 - an old torch or a disabled recorder: stacks still tell a lot
+            return None
+
+    # -- coordination through the c10d store -------------------------------------------------
+    @staticmethod
+    def _store():
+        if "torch" not in sys.modules:
+            return None
+        try:
+            import torch.distributed as dist
+
+            if not dist.is_available() or not dist.is_initialized():
+                return None
+            return dist.distributed_c10d._get_default_store()
+        except Exception:  # noqa: BLE001
+            return None
+
+    @staticmethod
+    def _dump_requested(store) -> bool:
+        try:
+            return bool(store.check([STORE_PREFIX + "dump_request"]))
+        except Exception:  # noqa: BLE001
+            return False
+
+    def _announce(self, store, stalled: bool) -> None:
+        if stalled:
+            store.set(STORE_PREFIX + "dump_request", str(self.rank))
+            store.set(STORE_PREFIX + f"stalled/{self.rank}", "1")
+        store.add(STORE_PREFIX + "dumped", 1)
+
+    def _write_verdict(self, store) -> None:
+        expected = self.world_size or 1
+        deadline = time.monotonic() + _REPORT_WAIT_S
+        while store is not None and time.monotonic() < deadline:
+            if int(store.add(STORE_PREFIX + "dumped", 0)) >= expected:
+                break
+            time.sleep(0.5)
+        from torchtriage.analysis.postmortem import diagnose_folder
+        from torchtriage.report.json_report import render_json
+        from torchtriage.report.text import render_text
+
+        verdict = diagnose_folder(self.out_dir)
+        verdict.facts["reported_by_rank"] = self.rank
+        (self.out_dir / "verdict.json").write_text(render_json(verdict) + "\n")
+        (self.out_dir / "verdict.txt").write_text(render_text(verdict, stream=io.StringIO()) + "\n")
+
+
+def start_from_environment() -> HangWatchdog | None:
+    """Start a watchdog configured by TORCHTRIAGE_STALL_SECONDS and TORCHTRIAGE_RUN_DIR, if set."""
+    out_dir = os.environ.get("TORCHTRIAGE_RUN_DIR")
+    if not out_dir:
+        return None
+    try:
+        stall = float(os.environ.get("TORCHTRIAGE_STALL_SECONDS", "300"))
+    except ValueError:
+        warnings.warn("torchtriage: TORCHTRIAGE_STALL_SECONDS is not a number; using 300", stacklevel=1)
+        stall = 300.0
+    return HangWatchdog(stall_seconds=stall, out_dir=Path(out_dir) / "hang").start()

@@ -1,0 +1,64 @@
+"""A real torchrun + gloo job that hangs on purpose (tests/jobs/hang.py), for tests of live diagnosis.
+
+Every process it started is killed when the test ends, whatever happens: the launcher's session and
+each worker's own process group (torchrun starts every worker in a session of its own).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+HANG = ROOT / "tests" / "jobs" / "hang.py"
+TORCHRUN = Path(sys.executable).parent / "torchrun"
+
+
+class HungJob:
+    def __init__(self, mode="skip", culprit=1, ranks=2, prefix=(), env=None, ready_timeout=180):
+        command = [*prefix, str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(HANG)]
+        self.proc = subprocess.Popen(
+            command,
+            env={**os.environ, "HANG_MODE": mode, "HANG_CULPRIT": str(culprit), "PYTHONUNBUFFERED": "1", **(env or {})},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        self.ready: dict[int, int] = {}  # rank -> pid, from the READY lines
+        self.output: list[str] = []
+        all_ready = threading.Event()
+
+        def read():
+            for line in self.proc.stdout:
+                self.output.append(line)
+                if line.startswith("READY "):
+                    fields = dict(part.split("=") for part in line.split()[1:])
+                    self.ready[int(fields["rank"])] = int(fields["pid"])
+                    if len(self.ready) == ranks:
+                        all_ready.set()
+
+        threading.Thread(target=read, daemon=True).start()
+        if not all_ready.wait(ready_timeout):
+            self.kill()
+            raise AssertionError("the hung job never got ready:\n" + "".join(self.output[-30:]))
+        time.sleep(1)  # READY is printed just before the hang point: let the ranks block
+
+    def kill(self):
+        for pid in [*self.ready.values(), self.proc.pid]:
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.kill()
