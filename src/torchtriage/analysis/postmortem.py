@@ -43,6 +43,7 @@ def sort_artifacts(paths: list[str]) -> Artifacts:
     from torchtriage.sources.flight_recorder import discover_dumps
 
     fr_files, _ = discover_dumps(paths)
+    fr_files = [p for p in fr_files if os.path.basename(p) not in _OWN_FILES]
     fr_set = {os.path.abspath(p) for p in fr_files}
     found = Artifacts(flight_recorder=fr_files)
     for path in paths:

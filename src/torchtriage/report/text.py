@@ -45,7 +45,7 @@ def render_text(verdict: Verdict, stream=None) -> str:
         for finding in verdict.findings[:_MAX_FINDINGS]:
             lines.append(f"  [{_ROLE_LABEL.get(finding.role, finding.role)}] {finding.message}")
             for ev in finding.evidence[:2]:
-                where = f"{ev.file}:{ev.line}" if ev.file else ev.source
+                where = (f"{ev.file}:{ev.line}" if ev.line is not None else ev.file) if ev.file else ev.source
                 lines.append(dim(f"      {where}: {ev.text[:160]}"))
         if len(verdict.findings) > _MAX_FINDINGS:
             lines.append(dim(f"  … {len(verdict.findings) - _MAX_FINDINGS} more in --json"))
