@@ -102,3 +102,15 @@ def test_run_passes_the_exit_code_and_output_through(tmp_path):
     done = run_cli("run", "--out", tmp_path, "--", sys.executable, "-c", "print('hello'); raise SystemExit(7)")
     assert done.returncode == 7
     assert done.stdout == b"hello\n"
+
+
+@pytest.mark.slow
+def test_live_diagnose_at_eight_ranks_with_rank_0_as_the_culprit():
+    pytest.importorskip("torch")
+    from hung_job import HungJob
+
+    with HungJob(mode="barrier", culprit=0, ranks=8) as job:
+        code, verdict = diagnose_json("--pid", job.proc.pid)
+    assert verdict["culprit_ranks"] == [0]
+    assert verdict["facts"]["stacks"]["collective_by_rank"]["0"] == "barrier"
+    assert all(verdict["facts"]["stacks"]["collective_by_rank"][str(r)] == "all_reduce" for r in range(1, 8))
