@@ -19,12 +19,20 @@ HANG = ROOT / "tests" / "jobs" / "hang.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
+def torchrun_command(ranks: int = 2) -> list[str]:
+    # --standalone: a free rendezvous port, so concurrent jobs on this machine never collide.
+    return [str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(HANG)]
+
+
+def job_environment(mode: str = "skip", culprit: int = 1) -> dict[str, str]:
+    return {**os.environ, "HANG_MODE": mode, "HANG_CULPRIT": str(culprit), "PYTHONUNBUFFERED": "1"}
+
+
 class HungJob:
     def __init__(self, mode="skip", culprit=1, ranks=2, prefix=(), env=None, ready_timeout=180):
-        command = [*prefix, str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(HANG)]
         self.proc = subprocess.Popen(
-            command,
-            env={**os.environ, "HANG_MODE": mode, "HANG_CULPRIT": str(culprit), "PYTHONUNBUFFERED": "1", **(env or {})},
+            [*prefix, *torchrun_command(ranks)],
+            env={**job_environment(mode, culprit), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -48,6 +56,11 @@ class HungJob:
             self.kill()
             raise AssertionError("the hung job never got ready:\n" + "".join(self.output[-30:]))
         time.sleep(1)  # READY is printed just before the hang point: let the ranks block
+
+    @property
+    def agent(self) -> int:
+        """The pid of the launcher we started (torchrun's agent, unless a prefix wraps it)."""
+        return self.proc.pid
 
     def kill(self):
         for pid in [*self.ready.values(), self.proc.pid]:

@@ -10,13 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from conftest import run_cli
+from hung_job import HungJob, job_environment, torchrun_command
 from torchtriage import exit_codes
 
 pytest.importorskip("torch")
@@ -34,50 +34,11 @@ pytestmark = [
 
 
 def job_command(ranks=2):
-    # --standalone: a free rendezvous port, so concurrent jobs on this machine never collide.
-    return [str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(HANG)]
+    return torchrun_command(ranks)
 
 
 def job_env():
-    return {**os.environ, "HANG_MODE": "skip", "HANG_CULPRIT": "1", "PYTHONUNBUFFERED": "1"}
-
-
-class HungJob:
-    def __init__(self, ranks=2):
-        self.proc = subprocess.Popen(
-            job_command(ranks),
-            env=job_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self.agent = self.proc.pid
-        self.ready: dict[int, int] = {}  # rank -> pid, from the READY lines
-        self.output: list[str] = []
-        all_ready = threading.Event()
-
-        def read():
-            for line in self.proc.stdout:
-                self.output.append(line)
-                if line.startswith("READY "):
-                    fields = dict(part.split("=") for part in line.split()[1:])
-                    self.ready[int(fields["rank"])] = int(fields["pid"])
-                    if len(self.ready) == ranks:
-                        all_ready.set()
-
-        threading.Thread(target=read, daemon=True).start()
-        if not all_ready.wait(180):
-            self.kill()
-            raise AssertionError("the hung job never got ready:\n" + "".join(self.output[-30:]))
-        time.sleep(1)  # READY is printed just before the hang point: let the ranks block
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+    return job_environment("skip", 1)
 
 
 @pytest.fixture
