@@ -114,3 +114,18 @@ def test_live_diagnose_at_eight_ranks_with_rank_0_as_the_culprit():
     assert verdict["culprit_ranks"] == [0]
     assert verdict["facts"]["stacks"]["collective_by_rank"]["0"] == "barrier"
     assert all(verdict["facts"]["stacks"]["collective_by_rank"][str(r)] == "all_reduce" for r in range(1, 8))
+
+
+LIVE = FIXTURES / "h200x2_live"
+
+
+@pytest.mark.parametrize("case, culprit", [("rank0_skip", 0), ("dataloader", 1), ("barrier", 1)])
+def test_recorded_live_nccl_diagnoses_reproduce_post_mortem(case, culprit):
+    recorded = json.loads((LIVE / case / "diagnose.json").read_text())
+    assert recorded["culprit_ranks"] == [culprit]
+    watchdog = json.loads((LIVE / case / "run" / "hang" / "verdict.json").read_text())
+    assert watchdog["culprit_ranks"] == [culprit]
+    (capture,) = (LIVE / case / "captures").iterdir()
+    code, verdict = diagnose_json(capture, LIVE / case / "run" / "hang" / "fr")
+    assert verdict["culprit_ranks"] == [culprit]
+    assert verdict["facts"]["sources_used"] == ["flight_recorder", "stacks"]

@@ -40,6 +40,19 @@ def _env_rank(name: str) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def _loaded(name: str):
+    """A module the program has finished importing, or None.
+
+    The watchdog thread never imports torch itself: importing from a second thread while the main
+    thread is still importing the same package breaks the main thread's import (torch's C modules are
+    registered late). It only uses what the program has fully loaded.
+    """
+    module = sys.modules.get(name)
+    if module is None or getattr(getattr(module, "__spec__", None), "_initializing", False):
+        return None
+    return module
+
+
 def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled: bool) -> str:
     """All threads' stacks in py-spy's `dump` text form, innermost frame first."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
@@ -167,23 +180,38 @@ class HangWatchdog:
 
     @staticmethod
     def _flight_recorder_dump() -> bytes | None:
-        if "torch" not in sys.modules:
-            return None
-        try:
-            from torch._C import _distributed_c10d as c10d
+        """This rank's flight-recorder buffer, pickled as torch writes it.
 
-            return c10d._dump_fr_trace(True, True, False)
-        except Exception:  # noqa: BLE001 - an old torch or a disabled recorder: stacks still tell a lot
+        NCCL collectives are recorded in a buffer of their own (`_dump_nccl_trace`), gloo's and the
+        other backends' in the generic one (`_dump_fr_trace`): the first that holds entries is taken.
+        """
+        torch = _loaded("torch")
+        if torch is None:
             return None
+        from torchtriage.sources.safe_pickle import safe_loads
+
+        c10d = getattr(torch._C, "_distributed_c10d", None)
+        fallback = None
+        for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+            dump = getattr(c10d, name, None)
+            if dump is None:
+                continue
+            try:
+                data = dump(True, True, False)
+                if safe_loads(data).get("entries"):
+                    return data
+                fallback = fallback or data
+            except Exception:  # noqa: BLE001 - an old torch or a disabled recorder: stacks still tell a lot
+                continue
+        return fallback
 
     # -- coordination through the c10d store -------------------------------------------------
     @staticmethod
     def _store():
-        if "torch" not in sys.modules:
+        dist = _loaded("torch.distributed") if _loaded("torch") is not None else None
+        if dist is None:
             return None
         try:
-            import torch.distributed as dist
-
             if not dist.is_available() or not dist.is_initialized():
                 return None
             return dist.distributed_c10d._get_default_store()
