@@ -9,6 +9,26 @@ __version__ = "0.1.0"
 # Public name -> the module that defines it, imported on first access.
 _LAZY_EXPORTS = {
     "HangWatchdog": "torchtriage.runtime.watchdog",
+    "init_distributed": "torchtriage.runtime.setup",
+    "store_wait": "torchtriage.runtime.setup",
+    "store_set": "torchtriage.runtime.setup",
+    "store_barrier": "torchtriage.runtime.setup",
+    "set_env": "torchtriage.runtime.env",
+    "assert_rank_uniform": "torchtriage.runtime.consensus",
+    "RankDivergenceError": "torchtriage.runtime.consensus",
+    "check_collectives": "torchtriage.runtime.fingerprint",
+    "CollectiveMismatchError": "torchtriage.runtime.fingerprint",
+    "NonFiniteGuard": "torchtriage.runtime.guard",
+    "NonFiniteStepsError": "torchtriage.runtime.guard",
+    "cuda_memory_history": "torchtriage.runtime.memory",
+    "log_cuda_memory": "torchtriage.runtime.memory",
+    "check_memory_margin": "torchtriage.runtime.memory",
+    "install_oom_attribution": "torchtriage.runtime.memory",
+    "oom_attribution": "torchtriage.runtime.memory",
+    "profile_steps": "torchtriage.runtime.profiler",
+    "phase": "torchtriage.runtime.profiler",
+    "TorchProfilerCallback": "torchtriage.runtime.profiler",
+    "record_flamegraphs": "torchtriage.runtime.profiler",
 }
 
 __all__ = ["__version__", *_LAZY_EXPORTS]
