@@ -1,0 +1,499 @@
+"""What holds GPU memory, from a CUDA caching-allocator snapshot: pure functions over a `MemorySnapshot`.
+
+Numbers computed, per device:
+- current allocated vs reserved (from the segments at the moment the snapshot was taken);
+- peak allocated and reserved, by replaying the recorded history. The history is a ring buffer that may
+  start mid-run, so the level before its first event is recovered from the end state:
+  `level_at_start = current - net change over the history`;
+- fragmentation: reserved but unallocated bytes, per segment, and the largest free block;
+- the OOM event (request, free device memory) when one was recorded;
+- allocation sites by bytes alive at the reference moment (the OOM if one was recorded, else the peak),
+  each folded to the innermost frame of the user's own code;
+- the largest live blocks.
+
+Everything streams over the snapshot's generators: two passes over the history, no copy of it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from torchtriage.analysis.frames import is_user_frame
+from torchtriage.analysis.memory_facts import FRAGMENTATION_SHARE
+from torchtriage.model import Action, Evidence, Finding, Verdict
+from torchtriage.sources.memory_snapshot import (
+    ALLOC_ACTIONS,
+    FREE_ACTIONS,
+    SEGMENT_ALLOC_ACTIONS,
+    SEGMENT_FREE_ACTIONS,
+    MemorySnapshot,
+)
+
+TOP_SITES = 10
+TOP_BLOCKS = 10
+TOP_SEGMENTS = 10
+BEFORE_HISTORY = "(allocated before the recorded history began)"
+NO_STACK = "(no stack recorded)"
+# Frames that are the allocator, the unwinder or the interpreter: never where memory is "from".
+_NATIVE_NOISE = ("torch::unwind", "torch::CapturedTraceback", "c10::cuda::CUDACachingAllocator", "gather_with_cpp")
+
+
+def format_bytes(value: float) -> str:
+    value = float(value)
+    sign = "-" if value < 0 else ""
+    value = abs(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{sign}{value:.0f} {unit}" if unit == "B" else f"{sign}{value:.2f} {unit}"
+        value /= 1024
+    return f"{sign}{value:.2f} TiB"  # pragma: no cover
+
+
+def fold_frames(frames: list) -> tuple[str, list[str]]:
+    """The allocation site of a stack (innermost first): the user's innermost frame, and a short user stack.
+
+    Falls back to the innermost Python frame of a library, then to the ATen operator that allocated.
+    """
+    user: list[str] = []
+    first_python = None
+    first_op = None
+    for raw in frames:
+        if not isinstance(raw, dict):
+            continue
+        filename = str(raw.get("filename", ""))
+        name = str(raw.get("name", ""))
+        if filename.endswith(".py"):
+            text = f"{filename}:{raw.get('line', 0)} in {name}"
+            if first_python is None:
+                first_python = text
+            if is_user_frame(filename):
+                user.append(text)
+                if len(user) == 4:
+                    break
+        elif first_op is None and name.startswith("at::_ops::"):
+            first_op = "aten::" + name[len("at::_ops::") :].split("::", 1)[0] + " (no Python frame recorded)"
+    if user:
+        return user[0], user
+    if first_python:
+        return first_python, [first_python]
+    if first_op:
+        return first_op, []
+    return NO_STACK, []
+
+
+@dataclass
+class Site:
+    site: str
+    bytes: int
+    count: int
+    stack: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DeviceMemory:
+    device: int
+    allocated: int
+    reserved: int
+    segments: int
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    peak_time_us: int | None = None
+    history_events: int = 0
+    oom: dict[str, Any] | None = None
+    reference: str = "now"  # "oom", "peak" or "now": the moment the sites are measured at
+    reference_bytes: int = 0
+    sites: dict[str, Site] = field(default_factory=dict)
+    largest_blocks: list[dict[str, Any]] = field(default_factory=list)
+    fragmented_segments: list[dict[str, Any]] = field(default_factory=list)
+    largest_free_block: int = 0
+    expandable: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def unallocated(self) -> int:
+        return max(0, self.reserved - self.allocated)
+
+    def top_sites(self, limit: int = TOP_SITES) -> list[Site]:
+        return sorted(self.sites.values(), key=lambda s: (-s.bytes, s.site))[:limit]
+
+    def to_facts(self) -> dict[str, Any]:
+        data = {k: v for k, v in asdict(self).items() if k != "sites"}
+        data["reserved_unallocated"] = self.unallocated
+        total = self.reference_bytes or 1
+        data["top_sites"] = [asdict(s) | {"share": round(s.bytes / total, 4)} for s in self.top_sites()]
+        return data
+
+
+def _add_site(sites: dict[str, Site], frames: list, size: int, cache: dict) -> None:
+    # Identical stacks are common (a loop allocating): fold each distinct innermost frames once.
+    key = _stack_key(frames)
+    folded = cache.get(key)
+    if folded is None:
+        folded = cache[key] = fold_frames(frames)
+    site, stack = folded
+    entry = sites.get(site)
+    if entry is None:
+        sites[site] = Site(site, size, 1, stack)
+    else:
+        entry.bytes += size
+        entry.count += 1
+
+
+def _stack_key(frames: list) -> tuple:
+    return tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames if isinstance(f, dict))
+
+
+def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
+    allocated = reserved = segments = 0
+    largest_free = 0
+    expandable = False
+    fragmented: list[tuple[int, int, dict[str, Any]]] = []
+    for info in snapshot.segment_infos():
+        if info.device != device:
+            continue
+        segments += 1
+        reserved += info.total_size
+        allocated += info.allocated_size
+        largest_free = max(largest_free, info.largest_free_block)
+        expandable = expandable or info.is_expandable
+        free = info.total_size - info.allocated_size
+        if free > 0:
+            record = {
+                "address": hex(info.address),
+                "total": info.total_size,
+                "allocated": info.allocated_size,
+                "free": free,
+                "largest_free_block": info.largest_free_block,
+                "stream": info.stream,
+                "pool": info.segment_type,
+            }
+            if len(fragmented) < TOP_SEGMENTS:
+                heapq.heappush(fragmented, (free, info.address, record))
+            elif free > fragmented[0][0]:
+                heapq.heapreplace(fragmented, (free, info.address, record))
+    result = DeviceMemory(device, allocated, reserved, segments)
+    result.largest_free_block = largest_free
+    result.expandable = expandable or bool(snapshot.allocator_settings.get("expandable_segments"))
+    result.fragmented_segments = [r for _, _, r in sorted(fragmented, key=lambda x: (-x[0], x[1]))]
+
+    cache: dict = {}
+    live_now = (b for b in snapshot.blocks() if b.device == device and b.state.startswith("active"))
+    largest = heapq.nlargest(TOP_BLOCKS, live_now, key=lambda b: b.size)
+    result.largest_blocks = [
+        {
+            "address": hex(b.address),
+            "size": b.size,
+            "requested_size": b.requested_size,
+            "state": b.state,
+            "site": fold_frames(b.frames)[0],
+        }
+        for b in largest
+    ]
+
+    if device not in snapshot.devices_with_traces():
+        result.reference = "now"
+        result.reference_bytes = allocated
+        for block in snapshot.blocks():
+            if block.device == device and block.state.startswith("active"):
+                _add_site(result.sites, block.frames, block.size, cache)
+        return result
+
+    # Pass 1: net change and the moment of the peak (and of the last OOM).
+    level = reserved_level = 0
+    peak = peak_reserved = 0
+    peak_index = -1
+    peak_time = None
+    oom_event = None
+    events = 0
+    for event in snapshot.trace(device):
+        events += 1
+        action = event.action
+        if action in ALLOC_ACTIONS:
+            level += event.size
+            if level > peak:
+                peak, peak_index, peak_time = level, event.index, event.time_us
+        elif action in FREE_ACTIONS:
+            level -= event.size
+        elif action in SEGMENT_ALLOC_ACTIONS:
+            reserved_level += event.size
+            peak_reserved = max(peak_reserved, reserved_level)
+        elif action in SEGMENT_FREE_ACTIONS:
+            reserved_level -= event.size
+        elif action == "oom":
+            oom_event = event
+    result.history_events = events
+    baseline = allocated - level
+    reserved_baseline = reserved - reserved_level
+    if baseline < 0 or reserved_baseline < 0:
+        result.notes.append(
+            "the history and the segments disagree (the snapshot was taken while memory changed?): "
+            "peaks are measured from zero at the start of the history"
+        )
+        baseline, reserved_baseline = max(0, baseline), max(0, reserved_baseline)
+    result.peak_allocated = max(baseline + peak, allocated)
+    result.peak_reserved = max(reserved_baseline + peak_reserved, reserved)
+    result.peak_time_us = peak_time
+
+    if oom_event is not None:
+        site, stack = fold_frames(oom_event.frames)
+        result.oom = {
+            "requested": oom_event.size,
+            "device_free": oom_event.device_free,
+            "time_us": oom_event.time_us,
+            "site": site,
+            "stack": stack,
+            "history_index": oom_event.index,
+        }
+        result.reference, stop = "oom", oom_event.index
+    else:
+        result.reference, stop = "peak", peak_index
+
+    # Pass 2: replay up to the reference moment, keeping who allocated each live address.
+    live: dict[int, tuple[int, list]] = {}
+    touched: set[int] = set()
+    level = baseline
+    for event in snapshot.trace(device):
+        if event.index > stop:
+            if event.action in ALLOC_ACTIONS or event.action in FREE_ACTIONS:
+                touched.add(event.addr)
+            continue
+        if event.action in ALLOC_ACTIONS:
+            live[event.addr] = (event.size, event.frames)
+            touched.add(event.addr)
+            level += event.size
+        elif event.action in FREE_ACTIONS:
+            live.pop(event.addr, None)
+            touched.add(event.addr)
+            level -= event.size
+    result.reference_bytes = level
+    tracked = 0
+    for size, frames in live.values():
+        _add_site(result.sites, frames, size, cache)
+        tracked += size
+    # Blocks alive now that the history never touched were alive all along: their stacks name their sites.
+    for block in snapshot.blocks():
+        if block.device == device and block.state.startswith("active") and block.address not in touched:
+            _add_site(result.sites, block.frames, block.size, cache)
+            tracked += block.size
+    if level - tracked > 0:
+        result.sites[BEFORE_HISTORY] = Site(BEFORE_HISTORY, level - tracked, 0)
+    return result
+
+
+@dataclass
+class MemoryReport:
+    path: str
+    devices: list[DeviceMemory]
+    format: str
+    problems: list[str]
+
+    @property
+    def primary(self) -> DeviceMemory | None:
+        with_oom = [d for d in self.devices if d.oom]
+        pool = with_oom or self.devices
+        return max(pool, key=lambda d: (d.reserved, d.history_events), default=None)
+
+
+def analyse_snapshot(snapshot: MemorySnapshot) -> MemoryReport:
+    devices = [analyse_device(snapshot, device) for device in snapshot.devices()]
+    devices = [d for d in devices if d.reserved or d.history_events]
+    return MemoryReport(snapshot.path, devices, snapshot.format, list(snapshot.problems))
+
+
+def _is_fragmented(device: DeviceMemory) -> bool:
+    request = device.oom["requested"] if device.oom else None
+    if request and device.unallocated >= request and device.largest_free_block < request:
+        return True
+    return device.reserved > 0 and device.unallocated / device.reserved >= FRAGMENTATION_SHARE
+
+
+def memory_actions(device: DeviceMemory) -> list[Action]:
+    actions: list[Action] = []
+    if _is_fragmented(device) and not device.expandable:
+        actions.append(
+            Action(
+                "memory.expandable_segments",
+                "Let the allocator grow segments instead of fragmenting them",
+                f"{format_bytes(device.unallocated)} is reserved but unallocated "
+                f"({device.unallocated / max(device.reserved, 1):.0%} of reserved), in pieces too small to reuse.",
+                env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+            )
+        )
+    top = device.top_sites(1)
+    where = f" (the most memory comes from {top[0].site})" if top and top[0].site != BEFORE_HISTORY else ""
+    actions += [
+        Action(
+            "memory.activation_checkpointing",
+            "Recompute activations in the backward pass instead of keeping them",
+            "Wrap the transformer blocks in torch.utils.checkpoint.checkpoint (or the framework's activation "
+            f"checkpointing option): activations usually dominate a training step's peak{where}.",
+        ),
+        Action(
+            "memory.batch_size",
+            "Lower the micro-batch size, keep the global batch with gradient accumulation",
+            "Peak activation memory scales with the micro-batch; accumulate gradients over more steps to keep "
+            "the optimisation unchanged.",
+        ),
+        Action(
+            "memory.sequence_length",
+            "Shorten the sequence length (or shard it with context parallelism)",
+            "Attention activations grow with the sequence length (quadratically without a fused attention kernel).",
+        ),
+        Action(
+            "memory.sharding",
+            "Shard parameters, gradients and optimizer state across ranks",
+            "FSDP2 (torch.distributed.fsdp.fully_shard) or ZeRO stage 2/3 divides their memory by the number of "
+            "ranks; AdamW keeps two extra fp32 copies of every parameter.",
+        ),
+    ]
+    return actions
+
+
+def build_memory_verdict(report: MemoryReport) -> Verdict:
+    device = report.primary
+    sources = ["memory_snapshot"]
+    facts: dict[str, Any] = {
+        "snapshot": report.path,
+        "format": report.format,
+        "devices": [d.to_facts() for d in report.devices],
+    }
+    if device is None:
+        return Verdict(
+            "unknown",
+            [],
+            "the snapshot holds no segments and no history: the allocator had nothing allocated when it was taken.",
+            facts=facts,
+            sources=sources,
+            problems=report.problems,
+        )
+    facts["primary_device"] = device.device
+    top = device.top_sites()
+    ev = Evidence("memory_snapshot", report.path)
+    usage = (
+        f"{format_bytes(device.allocated)} allocated in {format_bytes(device.reserved)} reserved "
+        f"({format_bytes(device.unallocated)} reserved but unallocated)"
+    )
+    peak = (
+        f"; peak {format_bytes(device.peak_allocated)} allocated, {format_bytes(device.peak_reserved)} reserved"
+        if device.peak_allocated is not None
+        else ""
+    )
+    site_text = ""
+    if top:
+        share = top[0].bytes / max(device.reference_bytes, 1)
+        moment = {"oom": "at the OOM", "peak": "at the peak", "now": "now"}[device.reference]
+        site_text = f" Most memory alive {moment} comes from {top[0].site} ({format_bytes(top[0].bytes)}, {share:.0%})."
+    findings: list[Finding] = []
+    if device.oom:
+        oom = device.oom
+        free = f" with {format_bytes(oom['device_free'])} free on the device" if oom["device_free"] is not None else ""
+        summary = (
+            f"CUDA out of memory on device {device.device}: a {format_bytes(oom['requested'])} request{free}; "
+            f"{usage}.{site_text}"
+        )
+        findings.append(
+            Finding(
+                "memory.oom",
+                [],
+                f"allocation of {format_bytes(oom['requested'])} failed{free}, at {oom['site']}",
+                role="primary",
+                category="oom",
+                evidence=[Evidence("memory_snapshot", report.path, text=f"oom event #{oom['history_index']}")],
+            )
+        )
+        category, confidence = "oom", "high"
+    else:
+        summary = f"device {device.device}: {usage}{peak}.{site_text}"
+        category, confidence = "unknown", "medium"
+    if _is_fragmented(device):
+        findings.append(
+            Finding(
+                "memory.fragmentation",
+                [],
+                f"{format_bytes(device.unallocated)} of {format_bytes(device.reserved)} reserved is unallocated "
+                f"(largest free block {format_bytes(device.largest_free_block)}): the caching allocator is fragmented",
+                role="primary" if not device.oom else "symptom",
+                category="oom",
+                evidence=[ev],
+            )
+        )
+    if top and findings:
+        findings.append(
+            Finding(
+                "memory.top_site",
+                [],
+                f"top allocation site: {top[0].site} holds {format_bytes(top[0].bytes)} in {top[0].count} blocks",
+                role="symptom",
+                category="oom",
+                evidence=[ev],
+            )
+        )
+    notes = [n for d in report.devices for n in d.notes]
+    return Verdict(
+        category,
+        [],
+        summary,
+        confidence=confidence,
+        findings=findings,
+        actions=memory_actions(device) if findings else [],
+        facts=facts,
+        sources=sources,
+        problems=report.problems + notes,
+    )
+
+
+def compare_reports(before: MemoryReport, after: MemoryReport) -> Verdict:
+    """What grew from `before` to `after`, by allocation site (each measured at its OOM, peak or now)."""
+    a, b = before.primary, after.primary
+    empty = DeviceMemory(0, 0, 0, 0)
+    a, b = a or empty, b or empty
+    names = set(a.sites) | set(b.sites)
+    rows = []
+    for name in names:
+        x, y = a.sites.get(name), b.sites.get(name)
+        bx, by = (x.bytes if x else 0), (y.bytes if y else 0)
+        if bx != by:
+            rows.append({"site": name, "before": bx, "after": by, "delta": by - bx})
+    rows.sort(key=lambda r: (-r["delta"], r["site"]))
+    grew = [r for r in rows if r["delta"] > 0]
+    totals = {
+        key: {"before": getattr(a, key), "after": getattr(b, key)}
+        for key in ("allocated", "reserved", "peak_allocated", "peak_reserved", "reference_bytes")
+    }
+    facts = {"before": before.path, "after": after.path, "totals": totals, "sites": rows[:50]}
+    growth = b.reference_bytes - a.reference_bytes
+    findings = []
+    if grew and growth > 0:
+        top = grew[0]
+        findings.append(
+            Finding(
+                "memory.growth",
+                [],
+                f"memory alive grew by {format_bytes(growth)}; the most from {top['site']} "
+                f"(+{format_bytes(top['delta'])})",
+                role="primary",
+                category="oom",
+                evidence=[Evidence("memory_snapshot", after.path), Evidence("memory_snapshot", before.path)],
+            )
+        )
+        summary = (
+            f"{format_bytes(a.reference_bytes)} → {format_bytes(b.reference_bytes)} alive "
+            f"(+{format_bytes(growth)}); grew most: {top['site']} (+{format_bytes(top['delta'])})."
+        )
+    else:
+        summary = (
+            f"no growth: {format_bytes(a.reference_bytes)} → {format_bytes(b.reference_bytes)} alive "
+            f"({format_bytes(growth)})."
+        )
+    return Verdict(
+        "oom" if findings else "unknown",
+        [],
+        summary,
+        confidence="medium",
+        findings=findings,
+        facts=facts,
+        sources=["memory_snapshot"],
+        problems=before.problems + after.problems,
+    )
