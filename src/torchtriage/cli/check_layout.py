@@ -1,0 +1,106 @@
+"""`torchtriage check-layout`: validate a parallel layout before launch (rules in knowledge/layouts.toml)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from torchtriage import exit_codes
+from torchtriage.analysis.layout import (
+    Layout,
+    LayoutReport,
+    check_layout,
+    layout_fields_from_config,
+    parse_config_text,
+)
+from torchtriage.errors import InputError, UsageError
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--world-size", type=_positive, metavar="N", help="total number of ranks")
+    parser.add_argument("--gpus-per-node", type=_positive, metavar="G", help="ranks (GPUs) per node")
+    parser.add_argument(
+        "--nvlink-domain", type=_positive, metavar="D", help="GPUs joined by NVLink (default: --gpus-per-node)"
+    )
+    for name, what in (
+        ("dp", "data-parallel degree (default: derived, world / (tp*cp*pp))"),
+        ("tp", "tensor-parallel degree (default 1)"),
+        ("pp", "pipeline-parallel degree (default 1)"),
+        ("cp", "context-parallel degree (default 1)"),
+        ("ep", "expert-parallel degree (default 1)"),
+        ("etp", "expert-tensor-parallel degree (default 1)"),
+    ):
+        parser.add_argument(f"--{name}", type=_positive, metavar="K", help=what)
+    parser.add_argument("--num-experts", type=_positive, metavar="E", help="experts per MoE layer (optional)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        help="read the settings from a JSON or YAML file (world_size, gpus_per_node, nvlink_domain_size, "
+        "tp_size / tensor_model_parallel_size, ep_size, expert_tp_size, ...); flags override it",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    parser.epilog = "exit codes:\n  0  accepted (warnings allowed)\n  1  rejected\n  2  usage error\n" + (
+        "  3  the config file is unreadable or invalid"
+    )
+
+
+def layout_from_args(args: argparse.Namespace) -> Layout:
+    fields: dict[str, int] = {}
+    if args.config:
+        path = Path(args.config)
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise InputError(f"{args.config}: cannot read ({err.strerror or err})") from None
+        fields = layout_fields_from_config(parse_config_text(text, args.config), args.config)
+    for name in ("world_size", "gpus_per_node", "nvlink_domain", "dp", "tp", "pp", "cp", "ep", "etp", "num_experts"):
+        value = getattr(args, name)
+        if value is not None:
+            fields[name] = value
+    missing = [
+        flag
+        for flag, name in (("--world-size", "world_size"), ("--gpus-per-node", "gpus_per_node"))
+        if name not in fields
+    ]
+    if missing:
+        raise UsageError(
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} required (as flags or in --config)"
+        )
+    return Layout(**fields)
+
+
+def render_text(report: LayoutReport) -> str:
+    lay = report.layout
+    lines = [
+        f"layout   world {lay['world_size']} = dp {lay['dp']}{' (derived)' if lay['dp_derived'] else ''}"
+        f" x cp {lay['cp']}"
+        f" x tp {lay['tp']} x pp {lay['pp']};  experts: ep {lay['ep']} x etp {lay['etp']};  "
+        f"{lay['gpus_per_node']} GPUs/node, NVLink domain {lay['nvlink_domain']}",
+    ]
+    for finding in report.findings:
+        lines.append(f"{finding.severity:<7}{finding.id}: {finding.reason}")
+        lines.append(f"         fix: {finding.fix}")
+    warnings = sum(1 for f in report.findings if f.severity == "warn")
+    if report.accepted:
+        lines.append(f"ACCEPTED{f' with {warnings} warning(s)' if warnings else ''}")
+    else:
+        rejects = sum(1 for f in report.findings if f.severity == "reject")
+        lines.append(f"REJECTED: {rejects} rule(s) fail{f', {warnings} warning(s)' if warnings else ''}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    report = check_layout(layout_from_args(args))
+    print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report))
+    return exit_codes.OK if report.accepted else exit_codes.PROBLEM_FOUND
