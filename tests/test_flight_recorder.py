@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 from pathlib import Path
 
@@ -401,3 +402,65 @@ def test_h200_hang_recordings(case, culprit, kind, decided_by):
     _, verdict = fr_json(FIXTURES / "h200x2_hangs" / case)
     assert verdict["culprit_ranks"] == culprit
     assert lead(verdict)["kind"] == kind and verdict["facts"]["decided_by"] == decided_by
+
+
+def _mixed_entries():
+    """Every layout the column path must read as the per-entry path does: groups, p2p, coalesced, odd seqs."""
+    ops = [entry(s, line=22 + s % 3) for s in range(1, 6)]
+    ops += [entry(s, pg="1", desc="tp", size=8) for s in range(1, 4)]
+    ops += [entry(6, profiling_name="nccl:send 0->1", is_p2p=True, p2p_seq_id=1)]
+    ops += [entry(7, profiling_name="gloo:recv 1<-0", is_p2p=None, p2p_seq_id=1)]
+    ops += [entry(8), entry(8, op="all_gather"), entry(9, op="all_to_all", frames=[])]
+    ops += [entry(10, collective_seq_id="10", state="timed_out"), entry(11, state="scheduled", time_created_ns=1)]
+    ops += [entry(12, state="started", time_discovered_started_ns=10**12, timeout_ms=1)]
+    return ops
+
+
+def test_column_path_reads_like_the_per_entry_path():
+    from torchtriage.sources import flight_recorder as fr
+
+    dumps = [{"version": "2.10", "entries": _mixed_entries()}]
+    for path in sorted(FR.rglob("*")) + sorted(H200.rglob("*")):
+        if path.is_file():
+            try:
+                dumps.append(fr.decode(path.read_bytes()))
+            except ValueError:
+                continue
+    fast_used = 0
+    for data in dumps:
+        if not isinstance(data, dict) or "entries" not in data:
+            continue
+        fast_used += fr._extract_columns(data["entries"]) is not None
+        fast = fr.parse_dump("x", data, 3)
+        original = fr._extract_columns
+        try:
+            fr._extract_columns = lambda entries: None
+            slow = fr.parse_dump("x", data, 3)
+        finally:
+            fr._extract_columns = original
+        assert fast == slow
+    assert fast_used >= 10
+    assert fr._extract_columns(dumps[0]["entries"]) is not None
+    mixed = fr.parse_dump("x", dumps[0], 0)
+    assert list(mixed.tracks) == ["0", "1"] and list(mixed.p2p) == ["0"]
+    assert ("0", 10) in mixed.timed_out and ("0", 12) in mixed.timed_out
+
+
+def test_forked_loading_matches_serial_and_survives_a_dead_child(tmp_path, monkeypatch):
+    from torchtriage.sources import flight_recorder as fr
+
+    for rank in range(60):
+        write(tmp_path, rank, [entry(s, size=1 if (rank == 7 and s == 3) else 4096) for s in range(1, 6)], world=60)
+    (tmp_path / "nccl_trace_rank_60").write_bytes(b"\x80\x02garbage")
+    single = load_dumps([str(tmp_path)], jobs=1)
+    forked = load_dumps([str(tmp_path)], jobs=3)
+    assert forked == single and len(forked.dumps) == 60 and len(forked.problems) == 1
+    parent, load_one = os.getpid(), fr.load_one
+
+    def dies_in_a_child(path):
+        if os.getpid() != parent:
+            os._exit(9)
+        return load_one(path)
+
+    monkeypatch.setattr(fr, "load_one", dies_in_a_child)
+    assert load_dumps([str(tmp_path)], jobs=3) == single

@@ -5,10 +5,7 @@ from __future__ import annotations
 import argparse
 
 from torchtriage import exit_codes
-from torchtriage.analysis.flight_recorder import build_verdict
 from torchtriage.errors import InputError, UsageError
-from torchtriage.report.json_report import render_json
-from torchtriage.report.text import render_text
 from torchtriage.sources.flight_recorder import load_dumps
 
 
@@ -28,10 +25,25 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.jobs is not None and args.jobs < 1:
         raise UsageError("--jobs must be at least 1.")
-    load = load_dumps(args.paths, args.jobs)
+    # The analysis is imported while the other processes start loading (a cold import takes tens of ms).
+    load = load_dumps(args.paths, args.jobs, meanwhile=_import_analysis)
     if not load.dumps:
         reasons = "\n  ".join(f"{p.path}: {p.message}" for p in load.problems) or "no input"
         raise InputError(f"no flight-recorder dump could be read:\n  {reasons}")
+    from torchtriage.analysis.flight_recorder import build_verdict
+
     verdict = build_verdict(load)
-    print(render_json(verdict) if args.json else render_text(verdict))
+    if args.json:
+        from torchtriage.report.json_report import render_json
+
+        print(render_json(verdict))
+    else:
+        from torchtriage.report.text import render_text
+
+        print(render_text(verdict))
     return exit_codes.PROBLEM_FOUND if verdict.diagnosed_problem else exit_codes.OK
+
+
+def _import_analysis() -> None:
+    import torchtriage.analysis.flight_recorder  # noqa: F401
+    import torchtriage.report.json_report  # noqa: F401

@@ -21,13 +21,15 @@ Loading runs on every core: the unpickling dominates and each file is independen
 from __future__ import annotations
 
 import gc
-import gzip
 import hashlib
 import json
 import math
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
 
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
@@ -395,10 +397,7 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
             text = str(list(text))
         if isinstance(text, str) and text.strip("[] "):
             digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
-            if _sent_ranks is None or digest not in _sent_ranks:
-                if _sent_ranks is not None:
-                    _sent_ranks.add(digest)
-                ranks_text[digest] = text
+            ranks_text[digest] = text
         pg_config[name] = PGInfo(name, str(info.get("desc", "")), digest)
 
     pg_status: dict[str, tuple[int, int, int]] = {}
@@ -410,6 +409,75 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
                 _int(status.get("last_completed_collective")),
             )
 
+    try:
+        ext = _extract_columns(entries)
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+        ext = None  # an odd layout: the per-entry path says what is wrong with it, as it always did
+    if ext is None:
+        ext = _extract_per_entry(entries)
+    tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames, latest_ns = ext
+    has_all_to_all = any(key.startswith(_ALL_TO_ALL) for key in signatures)
+    for pg in list(tracks):
+        track = tracks[pg]
+        if not track.seqs:
+            del tracks[pg]
+            continue
+        if len(set(track.seqs)) != len(track.seqs):
+            tracks[pg] = _merge_coalesced(track, entries, signatures)
+            track = tracks[pg]
+        if not has_all_to_all:
+            continue
+        for i, key in enumerate(track.keys):
+            if key.startswith(_ALL_TO_ALL):  # the key leaves sizes out: take this rank's own from its entry
+                own = _signature([("all_to_all", entries[track.indices[i]])])
+                track.a2a_numel[track.seqs[i]] = (own.input_numel, own.output_numel)
+    if pending:
+        # An op still pending after its timeout, measured against the latest moment this rank recorded anything.
+        if latest_ns is None:
+            latest_ns = _latest_stamp(map(methodcaller("get", name), entries) for name in _STAMP_NAMES)
+        for pg, seq, created, timeout_ms in pending:
+            if created and timeout_ms > 0 and latest_ns - created > timeout_ms * 1_000_000:
+                timed_out.append((pg, seq))
+
+    if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
+        ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
+        _sent_ranks.update(ranks_text)
+    return RankDump(
+        path=path,
+        rank=rank,
+        rank_from=rank_from,
+        version=str(data.get("version")),
+        backend=backend,
+        has_frames=has_frames,
+        entry_count=len(entries),
+        first_record_id=_int(entries[0].get("record_id"), 0) if entries else None,
+        pg_config=pg_config,
+        pg_ids=pg_ids,
+        pg_desc=pg_desc,
+        pg_status=pg_status,
+        tracks=tracks,
+        p2p=p2p,
+        signatures=signatures,
+        timed_out=timed_out,
+        ranks_text=ranks_text,
+    )
+
+
+class _Extract(NamedTuple):
+    tracks: dict[str, Track]
+    p2p: dict[str, list[P2POp]]
+    signatures: dict[str, Signature]
+    pg_ids: dict[str, str]
+    pg_desc: dict[str, str]
+    timed_out: list[tuple[str, int]]
+    pending: list[tuple[str, int, int, int]]  # (pg, seq, created, timeout_ms)
+    backend: str
+    has_frames: bool
+    latest_ns: int | None = None  # the latest time stamp of any entry, if already known
+
+
+def _extract_per_entry(entries: list) -> _Extract:
+    """Entry by entry: any layout (missing keys, p2p, several groups); `_extract_columns` is the fast path."""
     tracks: dict[str, Track] = {}
     p2p: dict[str, list[P2POp]] = {}
     signatures: dict[str, Signature] = {}
@@ -486,49 +554,171 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
                 pending.append(
                     (pg, track.seqs[-1], entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0))
                 )
-    for pg in list(tracks):
-        track = tracks[pg]
-        if not track.seqs:
-            del tracks[pg]
-            continue
-        if len(set(track.seqs)) != len(track.seqs):
-            tracks[pg] = _merge_coalesced(track, entries, signatures)
-            track = tracks[pg]
-        for i, key in enumerate(track.keys):
-            if key.startswith(_ALL_TO_ALL):  # the key leaves sizes out: take this rank's own from its entry
-                own = _signature([("all_to_all", entries[track.indices[i]])])
-                track.a2a_numel[track.seqs[i]] = (own.input_numel, own.output_numel)
-    if pending:
-        # An op still pending after its timeout, measured against the latest moment this rank recorded anything.
-        latest_ns = 0
-        for entry in entries:
-            for name in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
-                stamp = entry.get(name)
-                if isinstance(stamp, int) and stamp > latest_ns:
-                    latest_ns = stamp
-        for pg, seq, created, timeout_ms in pending:
-            if created and timeout_ms > 0 and latest_ns - created > timeout_ms * 1_000_000:
-                timed_out.append((pg, seq))
+    return _Extract(tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames)
 
-    return RankDump(
-        path=path,
-        rank=rank,
-        rank_from=rank_from,
-        version=str(data.get("version")),
-        backend=backend,
-        has_frames=has_frames,
-        entry_count=len(entries),
-        first_record_id=_int(entries[0].get("record_id"), 0) if entries else None,
-        pg_config=pg_config,
-        pg_ids=pg_ids,
-        pg_desc=pg_desc,
-        pg_status=pg_status,
-        tracks=tracks,
-        p2p=p2p,
-        signatures=signatures,
-        timed_out=timed_out,
-        ranks_text=ranks_text,
-    )
+
+_STAMP_NAMES = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
+# The fields of an entry that a collective's record needs, fetched in one C call per entry.
+_COLUMN_NAMES = (
+    "process_group",
+    "is_p2p",
+    "profiling_name",
+    "input_sizes",
+    "output_sizes",
+    "input_dtypes",
+    "output_dtypes",
+    "collective_seq_id",
+    "state",
+    "frames",
+)
+_COLUMNS = itemgetter(*_COLUMN_NAMES)
+_COLUMNS_AND_STAMPS = itemgetter(*_COLUMN_NAMES, *_STAMP_NAMES)
+
+
+def _runs(column: list | tuple) -> list[tuple[int, int]]:
+    """The runs of equal consecutive values, as (start, end); a run's values share one key or call site."""
+    if not column:
+        return []
+    starts = [0, *compress(range(1, len(column)), map(ne, column[1:], column))]
+    return list(zip(starts, [*starts[1:], len(column)], strict=True))
+
+
+def _extract_columns(entries: list) -> _Extract | None:
+    """The fast path of `_extract_per_entry`, with the same result, column by column.
+
+    Every field is fetched at C speed, and the work per entry (a comparison key, a call site) is done once per
+    run of consecutive entries with equal fields: a training step repeats the same ops from the same lines,
+    and the dump shares their frame objects. None when the layout needs the per-entry path (a missing key,
+    an entry that is not a dict, an entry without a process group).
+    """
+    n = len(entries)
+    if not n:
+        return None
+    stamps: list | None = None
+    try:
+        try:
+            columns = list(zip(*map(_COLUMNS_AND_STAMPS, entries), strict=True))
+            stamps = columns[len(_COLUMN_NAMES) :]
+        except KeyError:  # an older dump without some time stamp: they are read one by one if needed
+            columns = list(zip(*map(_COLUMNS, entries), strict=True))
+    except (KeyError, TypeError):
+        return None
+    groups, flags, names, in_sizes, out_sizes, in_dtypes, out_dtypes, seq_col, state_col, frame_col = columns[
+        : len(_COLUMN_NAMES)
+    ]
+    if not all(groups):
+        return None
+    # Process groups, in order of first sight (p2p entries count: they create the group's record too).
+    pg_desc: dict[str, str] = {}
+    pg_ids: dict[str, str] = {}
+    single = groups.count(groups[0]) == n
+    pg_names = [str(groups[0][0])] if single else list(map(str, map(itemgetter(0), groups)))
+    for raw in dict.fromkeys(pg_names):
+        first = 0 if single else pg_names.index(raw)
+        group = groups[first]
+        pg = _interned(raw)
+        pg_desc[pg] = str(group[1]) if len(group) > 1 else ""
+        pg_ids[pg] = str(entries[first].get("pg_id", pg))
+    tracks: dict[str, Track] = {pg: Track() for pg in pg_desc}
+
+    p2p: dict[str, list[P2POp]] = {}
+    coll: list[int] | range = range(n)  # the collective entries
+    if any(flags) or None in flags:
+        is_p2p = [
+            bool(flag) or (flag is None and _split_name(str(name))[1].split(" ", 1)[0] in _P2P_OPS)
+            for flag, name in zip(flags, names, strict=True)
+        ]
+        coll = [i for i in range(n) if not is_p2p[i]]
+        for i in compress(range(n), is_p2p):
+            _add_p2p(p2p, _interned(pg_names[0 if single else i]), i, entries[i])
+        names, in_sizes, out_sizes, in_dtypes, out_dtypes, seq_col, state_col, frame_col = (
+            [column[i] for i in coll]
+            for column in (names, in_sizes, out_sizes, in_dtypes, out_dtypes, seq_col, state_col, frame_col)
+        )
+    m = len(coll)
+
+    # Comparison keys: one per run of equal (name, sizes, dtypes).
+    signatures: dict[str, Signature] = {}
+    backend = ""
+    keys: list[str] = []
+    fields = list(zip(names, in_sizes, out_sizes, in_dtypes, out_dtypes, strict=True))
+    key_cache = _key_cache
+    for a, b in _runs(fields):
+        raw = f"{fields[a]}"
+        key = key_cache.get(raw)
+        if key is None:
+            key = key_cache[raw] = _new_key(entries[coll[a]], str(names[a]))
+        if key not in signatures:
+            signatures[key] = _signature_of[key]
+            if not backend:
+                backend = _split_name(str(names[a]))[0]
+        keys += repeat(key, b - a)
+
+    # Call sites: one per run of equal frame lists (equal frames give the same site).
+    has_frames = any(frame_col)
+    sites: list[CallSite | None]
+    if not has_frames:
+        sites = [None] * m
+    else:
+        sites = []
+        site_of_frame = _site_of_frame
+        for a, b in _runs(frame_col):
+            site = None
+            frames = frame_col[a]
+            if frames:
+                for frame in frames:  # innermost first; frame dicts are shared, so each is judged once
+                    site = site_of_frame.get(id(frame), _UNSEEN)
+                    if site is _UNSEEN:
+                        site = _judge_frame(frame)
+                    if site is not None:
+                        break
+            sites += repeat(site, b - a)
+
+    seqs = list(seq_col)
+    if set(map(type, seqs)) != {int}:
+        seqs = [seq if type(seq) is int else _int(seq) for seq in seqs]
+    states = list(state_col)
+
+    timed_out: list[tuple[str, int]] = []
+    pending: list[tuple[str, int, int, int]] = []
+    for p in compress(range(m), map(ne, states, repeat("completed"))):
+        index = coll[p]
+        pg = _interned(pg_names[0 if single else index])
+        if str(states[p]).startswith("timed"):
+            timed_out.append((pg, seqs[p]))
+        else:
+            entry = entries[index]
+            pending.append((pg, seqs[p], entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0)))
+
+    if single:
+        if m:
+            tracks[_interned(pg_names[0])] = Track(seqs, keys, states, sites, list(coll))
+    else:
+        positions: dict[str, list[int]] = {}
+        for p, index in enumerate(coll):
+            positions.setdefault(pg_names[index], []).append(p)
+        for raw, pos in positions.items():
+            tracks[_interned(raw)] = Track(
+                [seqs[p] for p in pos],
+                [keys[p] for p in pos],
+                [states[p] for p in pos],
+                [sites[p] for p in pos],
+                [coll[p] for p in pos],
+            )
+    latest_ns = _latest_stamp(stamps) if pending and stamps is not None else None
+    return _Extract(tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames, latest_ns)
+
+
+def _latest_stamp(columns: Iterable[Iterable[Any]]) -> int:
+    """The latest integer time stamp in these columns of stamps (0 if none)."""
+    latest = 0
+    for column in columns:
+        stamps = list(filter(None, column))
+        if set(map(type, stamps)) <= {int, bool}:
+            latest = max(latest, *stamps) if stamps else latest
+        else:
+            latest = max([latest, *(stamp for stamp in stamps if isinstance(stamp, int))])
+    return latest
 
 
 def _parse_p2p(name: str) -> tuple[int, int] | None:
@@ -549,6 +739,8 @@ def _parse_p2p(name: str) -> tuple[int, int] | None:
 def decode(raw: bytes) -> dict:
     """Bytes of a dump file -> its dict (pickle or JSON, optionally gzipped). Raises ValueError."""
     if raw.startswith(_GZIP_MAGIC):
+        import gzip  # only for gzipped dumps: most runs never need it
+
         try:
             raw = gzip.decompress(raw)
         except (OSError, EOFError) as err:
@@ -612,8 +804,11 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 _POOL_THRESHOLD = 48
 
 
-def load_dumps(paths: list[str], jobs: int | None = None) -> LoadResult:
-    """Discover and load every dump under `paths`, on `jobs` processes (default: every core)."""
+def load_dumps(paths: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None) -> LoadResult:
+    """Discover and load every dump under `paths`, on `jobs` processes (default: every core).
+
+    `meanwhile` (say, importing the analysis) runs in this process while the others start loading.
+    """
     files, problems = discover_dumps(paths)
     jobs = jobs or os.cpu_count() or 1
     results: list[RankDump | DumpProblem]
@@ -622,8 +817,11 @@ def load_dumps(paths: list[str], jobs: int | None = None) -> LoadResult:
     gc.disable()
     try:
         if jobs > 1 and len(files) >= _POOL_THRESHOLD:
-            results = _load_in_pool(files, jobs)
+            loader = _load_forked if hasattr(os, "fork") else _load_in_pool
+            results = loader(files, jobs, meanwhile)
         else:
+            if meanwhile is not None:
+                meanwhile()
             results = [load_one(f) for f in files]
     finally:
         if collecting:
@@ -657,11 +855,100 @@ def _dedupe_ranks(dumps: list[RankDump], problems: list[DumpProblem]) -> list[Ra
     return [by_rank[r] for r in sorted(by_rank)]
 
 
-def _load_in_pool(files: list[str], jobs: int) -> list[RankDump | DumpProblem]:
+def _load_in_pool(
+    files: list[str], jobs: int, meanwhile: Callable[[], object] | None = None
+) -> list[RankDump | DumpProblem]:
     import multiprocessing
 
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     context = multiprocessing.get_context(method)
     chunk = max(1, len(files) // (jobs * 8))
     with context.Pool(jobs, initializer=_worker_init) as pool:
-        return list(pool.imap(load_one, files, chunksize=chunk))
+        loading = pool.imap(load_one, files, chunksize=chunk)
+        if meanwhile is not None:
+            meanwhile()
+        return list(loading)
+
+
+# Chunk numbers travel through a pipe, written before any process reads; at 4 bytes each, this many fit in the
+# smallest pipe buffer (16 KiB on macOS), so writing them never blocks.
+_MAX_CHUNKS = 4096
+_TOKEN = 4
+
+
+def _take_chunks(queue: int, files: list[str], chunk: int) -> Iterator[list[tuple[int, RankDump | DumpProblem]]]:
+    """Load chunks of files, taking chunk numbers from the queue until it is empty: a busy core takes fewer."""
+    while len(token := os.read(queue, _TOKEN)) == _TOKEN:
+        start = int.from_bytes(token, "little") * chunk
+        yield [(index, load_one(files[index])) for index in range(start, min(start + chunk, len(files)))]
+
+
+def _load_forked(
+    files: list[str], jobs: int, meanwhile: Callable[[], object] | None = None
+) -> list[RankDump | DumpProblem]:
+    """Load on this process and `jobs - 1` forked children, which share a queue of chunks of files.
+
+    Lighter than a process pool: no helper threads, no import of multiprocessing, and this process works
+    too instead of waiting. Each child sends its records back in one pickle when the queue is empty; files
+    whose records never arrive (a child that died) are loaded here, so a crash costs time, never ranks.
+    """
+    import pickle
+
+    chunk = max(1, len(files) // (jobs * 16), -(-len(files) // _MAX_CHUNKS))
+    chunks = -(-len(files) // chunk)
+    jobs = min(jobs, chunks)
+    queue, feed = os.pipe()
+    os.write(feed, b"".join(n.to_bytes(_TOKEN, "little") for n in range(chunks)))
+    os.close(feed)
+    children: list[tuple[int, int]] = []  # (pid, read end of its result pipe)
+    results: list[RankDump | DumpProblem | None] = [None] * len(files)
+    global _sent_ranks
+    sent_before = _sent_ranks
+    try:
+        for _ in range(jobs - 1):
+            read_end, write_end = os.pipe()
+            try:
+                pid = os.fork()
+            except OSError:  # no more processes to be had: the ones running take the remaining chunks
+                os.close(read_end)
+                os.close(write_end)
+                break
+            if pid == 0:  # the child: load, send, and leave without running any of the parent's exit handlers
+                status = 1
+                try:
+                    os.close(read_end)
+                    _worker_init()
+                    # Each chunk is pickled as soon as it is loaded, while the others still load: the parent
+                    # then waits only for the bytes. They are sent at the end (the parent reads only then).
+                    sent = [pickle.dumps(done, pickle.HIGHEST_PROTOCOL) for done in _take_chunks(queue, files, chunk)]
+                    with open(write_end, "wb") as out:
+                        out.writelines(sent)
+                    status = 0
+                finally:
+                    os._exit(status)
+            os.close(write_end)
+            children.append((pid, read_end))
+        if meanwhile is not None:
+            meanwhile()  # the children load meanwhile; this process takes fewer chunks
+        _sent_ranks = set()
+        for done in _take_chunks(queue, files, chunk):
+            for index, result in done:
+                results[index] = result
+        for _pid, read_end in children:
+            with open(read_end, "rb", closefd=False) as stream:
+                while True:
+                    try:
+                        done = pickle.load(stream)
+                    except EOFError:
+                        break
+                    except (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError):
+                        break  # a child that died while sending: the files it did not send are loaded below
+                    for index, result in done:
+                        results[index] = result
+    finally:
+        _sent_ranks = sent_before
+        os.close(queue)
+        for pid, read_end in children:
+            os.close(read_end)  # a child still writing gets a broken pipe instead of waiting forever
+            os.waitpid(pid, 0)
+    return [result if result is not None else load_one(path) for path, result in zip(files, results, strict=True)]

@@ -49,7 +49,9 @@ def safe_loads(data: bytes) -> Any:
     """Unpickle `data`, allowing only plain containers and scalars."""
     if not data:
         raise PickleCorrupt("the file is empty")
-    stream = io.BufferedReader(io.BytesIO(data), _BUFFER)  # type: ignore[arg-type]
+    # A buffer no larger than the data: allocating (and touching) a megabyte for a 40 KB dump costs 10%.
+    size = max(io.DEFAULT_BUFFER_SIZE, min(len(data), _BUFFER))
+    stream = io.BufferedReader(io.BytesIO(data), size)  # type: ignore[arg-type]
     # Plain data has no reference cycles for the collector to find, and building millions of containers
     # would trigger it over and over (it triples the load time of a large dump).
     collecting = gc.isenabled()
