@@ -23,6 +23,7 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from torchtriage.analysis.ranks import format_ranks
 from torchtriage.model import Action, Evidence, Finding, Verdict
 from torchtriage.sources.flight_recorder import CallSite, LoadResult, P2POp, RankDump, Signature, Track
 
@@ -60,19 +61,6 @@ class Disagreement:
     kind: str = ""  # the finding kind of the culprits' side
     note: str = ""
     detail: dict = field(default_factory=dict)
-
-
-def format_ranks(ranks: list[int] | tuple[int, ...]) -> str:
-    """'rank 3', 'ranks 0-3, 7'."""
-    ranks = sorted(ranks)
-    if not ranks:
-        return "no rank"
-    spans, start = [], ranks[0]
-    for prev, cur in zip(ranks, [*ranks[1:], None], strict=True):
-        if cur is None or cur != prev + 1:
-            spans.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = cur
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
 
 
 # ------------------------------------------------------------------------------------------------------ groups

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 
-def format_ranks(ranks: list[int]) -> str:
-    """'rank 3', 'ranks 0-3, 7'; `ranks` sorted."""
-    if not ranks:
-        return "no rank identified"
-    spans, start = [], ranks[0]
-    for prev, cur in zip(ranks, ranks[1:] + [None], strict=True):
+
+def format_ranks(ranks: Iterable[int], *, none: str = "no rank identified") -> str:
+    """'rank 3', 'ranks 0-3, 7' (in any order, repeats ignored); `none` when there are none."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return none
+    spans, start = [], ordered[0]
+    for prev, cur in zip(ordered, [*ordered[1:], None], strict=True):
         if cur is None or cur != prev + 1:
             spans.append(f"{start}" if start == prev else f"{start}-{prev}")
             start = cur
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(spans)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(spans)

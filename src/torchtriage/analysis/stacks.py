@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from torchtriage.analysis.triage import format_ranks
+from torchtriage.analysis.ranks import format_ranks
 from torchtriage.model import Action, Evidence, Finding, Verdict
 from torchtriage.sources.pyspy import ProcessStack, StackFrame, ThreadStack
 

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
+from torchtriage.analysis.ranks import format_ranks
 from torchtriage.runtime.env import strict_default
 
 logger = logging.getLogger("torchtriage.runtime")
@@ -46,23 +47,6 @@ class RankDivergenceError(RuntimeError):
 
 
 # -- presenting ranks --------------------------------------------------------------------------------
-
-
-def format_ranks(ranks: Iterable[int]) -> str:
-    """`[7]` -> "rank 7"; `[0, 1, 2, 5]` -> "ranks 0-2, 5"."""
-    ordered = sorted(set(ranks))
-    if len(ordered) == 1:
-        return f"rank {ordered[0]}"
-    spans: list[str] = []
-    start = prev = ordered[0] if ordered else 0
-    for rank in ordered[1:] + [None]:
-        if rank is not None and rank == prev + 1:
-            prev = rank
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if rank is not None:
-            start = prev = rank
-    return "ranks " + ", ".join(spans) if ordered else "no ranks"
 
 
 def group_by_value(
