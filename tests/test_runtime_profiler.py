@@ -1,6 +1,7 @@
 """profile_steps, phase and TorchProfilerCallback on CPU; multi-rank traces from a real torchrun + gloo job."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -125,7 +126,7 @@ def test_callback_lifecycle_with_a_stand_in_trainer_callback(tmp_path):
     assert "hf_step" in event_names(tmp_path / "trace-rank00.trace.json.gz")
 
 
-def test_callback_with_real_transformers(tmp_path):
+def test_callback_is_a_real_trainer_callback(tmp_path):
     pytest.importorskip("transformers")
     from transformers import TrainerCallback
 
@@ -138,6 +139,38 @@ def test_callback_with_real_transformers(tmp_path):
     cb.on_step_end(None, None, None)
     cb.on_train_end(None, None, None)
     assert (tmp_path / "trace-rank00.trace.json.gz").exists()
+
+
+@pytest.mark.slow
+def test_callback_with_real_transformers(tmp_path):
+    # examples/hf_trainer.py: a real Trainer (DDP over gloo, 2 ranks) with TorchProfilerCallback on every
+    # rank and NonFiniteGuard behind the Trainer's optimizer; rank 1's gradient is poisoned at step 6.
+    pytest.importorskip("transformers")
+    pytest.importorskip("accelerate")  # the Trainer needs it
+    done = subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(ROOT / "examples" / "hf_trainer.py")],
+        env={**os.environ, "OUT": str(tmp_path), "PROFILE_RANKS": "all", "INJECT_NAN_STEP": "6", "STEPS": "12"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    for rank in ("rank00", "rank01"):
+        names = event_names(tmp_path / "profiler" / f"trace-{rank}.trace.json.gz")
+        assert {"ProfilerStep#3", "ProfilerStep#4", "ProfilerStep#5"} <= names, rank
+        assert any("all_reduce" in n for n in names), rank  # DDP's gradient all-reduce, inside the window
+        assert (tmp_path / "profiler" / f"trace-{rank}.top_ops.txt").read_text().strip()
+    # The guard inside the Trainer's step: both ranks skipped step 6, and only it, and stayed identical.
+    summaries = re.findall(r"rank (\d): ([^\n]*?), weights checksum (-?\d+\.\d{6})", done.stdout)
+    assert sorted(rank for rank, _, _ in summaries) == ["0", "1"], output[-4000:]
+    for _, summary, _ in summaries:
+        assert summary == "12 guarded steps, 11 applied, nonfinite_steps_skipped=1, skipped steps [6]"
+    assert len({checksum for _, _, checksum in summaries}) == 1
+    assert "the update is skipped on every rank" in output and "non-finite gradients on rank(s) [1]" in output
+    # Trainer.log carries the counter: 0 in the first logging window (steps 1-4), 1 after step 6.
+    assert "'nonfinite_steps_skipped': 0" in done.stdout and "'nonfinite_steps_skipped': 1" in done.stdout
 
 
 @pytest.mark.slow
