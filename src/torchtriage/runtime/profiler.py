@@ -363,15 +363,18 @@ class FlamegraphRecording:
         self.error: BaseException | None = None
         self._args = dict(duration_s=duration, rate=rate, native=native, idle=idle, nonblocking=nonblocking)
         self._output_dir = output_dir
+        # Imported here, in the caller's thread: in the background thread a busy training loop holding
+        # the GIL could delay the import, and with it the start of the recording, by seconds.
+        from torchtriage.collect.capture import record_profiles
+
+        self._record_profiles = record_profiles
         self._thread = threading.Thread(target=self._run, name="torchtriage-flamegraph", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         try:
-            from torchtriage.collect.capture import record_profiles
-
             with _allow_child_tracer():
-                self.result = record_profiles([os.getpid()], self._output_dir, **self._args)
+                self.result = self._record_profiles([os.getpid()], self._output_dir, **self._args)
             if not self.result.ok:
                 logger.warning("[%s] torchtriage flame graph failed: %s", rank_tag(), self.result.to_json())
             else:
