@@ -223,3 +223,44 @@ def test_large_synthetic_snapshot_is_fast(tmp_path):
     assert sum(s.bytes for s in device.sites.values()) == device.reference_bytes
     assert len(device.sites) == 11  # the 10 sites whose blocks stay alive, and the one alive at the peak
     assert elapsed < 30, elapsed
+
+
+def test_html_timeline_and_sites(tmp_path, capsys):
+    html = tmp_path / "m.html"
+    assert main(["memory", str(FIXTURE), "--html", str(html)]) == exit_codes.PROBLEM_FOUND
+    assert "HTML report" in capsys.readouterr().out
+    page = html.read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "<script" not in page.lower() and "http" not in page
+    assert 'aria-label="allocation timeline"' in page and "<polygon" in page and "OOM (16.00 GiB requested)" in page
+    assert "bytes by site" in page and "oom_case.py:6" in page
+
+
+def test_html_compare_and_hostile_site_names(tmp_path, capsys):
+    hostile = "<script>alert(1)</script>.py"
+    blocks = [[(64 * MIB, "active_allocated", _frames(hostile, 3))]]
+    trace = [{"action": "alloc", "addr": 1 << 40, "size": 64 * MIB, "frames": _frames(hostile, 3)}]
+    before, after = tmp_path / "a.pickle", tmp_path / "b.pickle"
+    before.write_bytes(pickle.dumps(_snapshot(blocks, trace)))
+    after.write_bytes(pickle.dumps(_snapshot(blocks + blocks, trace)))
+    html = tmp_path / "m.html"
+    main(["memory", str(before), "--compare", str(after), "--html", str(html)])
+    capsys.readouterr()
+    page = html.read_text(encoding="utf-8")
+    assert "<script" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;.py" in page
+    assert page.count('aria-label="allocation timeline"') == 2  # both snapshots drawn
+
+
+def test_html_timeline_keeps_the_peak_of_a_long_history(tmp_path):
+    from torchtriage.report.html import memory_series
+
+    n = 20_000
+    trace = []
+    for i in range(n):
+        size = GIB if i == 12_345 else MIB
+        trace.append({"action": "alloc", "addr": (1 << 40) + i, "size": size, "frames": []})
+        trace.append({"action": "free_completed", "addr": (1 << 40) + i, "size": size, "frames": []})
+    snapshot = interpret(_snapshot([[(MIB, "inactive", [])]], trace))
+    device = analyse_snapshot(snapshot).devices[0]
+    series = memory_series(snapshot, device, points=500)
+    assert len(series["index"]) <= 501
+    assert max(series["allocated"]) == device.peak_allocated == GIB

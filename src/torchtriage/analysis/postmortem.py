@@ -7,7 +7,9 @@ each kind is analysed by its own reader, and the verdicts are fused.
 
 from __future__ import annotations
 
+import gzip
 import os
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,10 +18,13 @@ from torchtriage.errors import TriageError
 from torchtriage.model import Verdict
 from torchtriage.sources.files import rank_from_path
 
-# Files of our own making, and source files and notes, are not evidence.
+# Files of our own making, and source files, notes and pictures, are not evidence.
 _OWN_FILES = ("summary.json", "verdict.json", "verdict.txt", "REQUEST")
-_NOT_LOGS = (".md", ".py", ".sh", ".svg")
-_STACK_HEAD = (b"Process ", b"[")
+_NOT_LOGS = (".md", ".py", ".sh", ".svg", ".html", ".htm", ".png", ".jpg")
+_TRACE_SUFFIXES = (".json", ".json.gz")
+# What a profiler trace and a CUDA memory snapshot hold in their first bytes.
+_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
+_SNAPSHOT_KEYS = (b"segments", b"device_traces")
 
 
 @dataclass
@@ -27,6 +32,9 @@ class Artifacts:
     stacks: list[str] = field(default_factory=list)
     flight_recorder: list[str] = field(default_factory=list)
     logs: list[str] = field(default_factory=list)
+    # Not evidence of a hang, and never to be read as dumps or logs: `trace` and `memory` read them.
+    traces: list[str] = field(default_factory=list)
+    snapshots: list[str] = field(default_factory=list)
 
 
 def _looks_like_stack_dump(path: str, head: bytes) -> bool:
@@ -38,36 +46,62 @@ def _looks_like_stack_dump(path: str, head: bytes) -> bool:
     return stripped.startswith(b"Process ")
 
 
-def sort_artifacts(paths: list[str]) -> Artifacts:
-    """Which files are stacks, which flight-recorder dumps, which logs."""
+def _head(path: str, size: int = 4096) -> bytes | None:
+    """The first bytes of a file, un-gzipped; None when it cannot be read."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(size)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.open(path, "rb") as handle:
+                head = handle.read(size)
+    except (OSError, EOFError, zlib.error):
+        return None
+    return head
+
+
+def _files(paths: list[str]) -> list[str]:
+    found = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append(path)
+            continue
+        for root, dirs, names in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+            found += [os.path.join(root, name) for name in sorted(names) if not name.startswith(".")]
+    return found
+
+
+def sort_artifacts(paths: list[str], skip: set[str] | None = None) -> Artifacts:
+    """Which files are stacks, flight-recorder dumps, logs, profiler traces or memory snapshots."""
     from torchtriage.sources.flight_recorder import discover_dumps
 
+    skip = {os.path.abspath(p) for p in skip or ()}
+    found = Artifacts()
+    heads: dict[str, bytes | None] = {}
+    for file in _files(paths):
+        name = os.path.basename(file)
+        if os.path.abspath(file) in skip or name in _OWN_FILES or name.endswith(_NOT_LOGS):
+            continue
+        if name.startswith("faulthandler-"):
+            continue
+        head = heads[file] = _head(file)
+        if head is None:
+            continue
+        if name.endswith(_TRACE_SUFFIXES) and any(key in head for key in _TRACE_KEYS):
+            found.traces.append(file)
+        elif head[:1] == b"\x80" and any(key in head[:256] for key in _SNAPSHOT_KEYS):
+            found.snapshots.append(file)
+    set_aside = {os.path.abspath(p) for p in found.traces + found.snapshots}
     fr_files, _ = discover_dumps(paths)
-    fr_files = [p for p in fr_files if os.path.basename(p) not in _OWN_FILES]
-    fr_set = {os.path.abspath(p) for p in fr_files}
-    found = Artifacts(flight_recorder=fr_files)
-    for path in paths:
-        walk = (
-            [path]
-            if os.path.isfile(path)
-            else [os.path.join(root, name) for root, _, names in os.walk(path) for name in sorted(names)]
-        )
-        for file in walk:
-            name = os.path.basename(file)
-            if (
-                os.path.abspath(file) in fr_set
-                or name in _OWN_FILES
-                or name.endswith(_NOT_LOGS)
-                or name.startswith((".", "faulthandler-"))
-            ):
-                continue
-            try:
-                with open(file, "rb") as handle:
-                    head = handle.read(512)
-            except OSError:
-                found.logs.append(file)  # triage reports the unreadable file
-                continue
-            (found.stacks if _looks_like_stack_dump(file, head) else found.logs).append(file)
+    found.flight_recorder = [p for p in fr_files if p in heads and os.path.abspath(p) not in set_aside]
+    taken = set_aside | {os.path.abspath(p) for p in found.flight_recorder}
+    for file, head in heads.items():
+        if os.path.abspath(file) in taken:
+            continue
+        if head is not None and _looks_like_stack_dump(file, head):
+            found.stacks.append(file)
+        else:
+            found.logs.append(file)  # triage reports an unreadable file
     return found
 
 
@@ -79,10 +113,8 @@ def _analyse(kind: str, run, problems: dict[str, str]) -> Verdict | None:
         return None
 
 
-def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None) -> Verdict:
-    """The fused verdict of every artifact under `paths` (and of `extra_logs`)."""
-    found = sort_artifacts(paths)
-    found.logs += extra_logs or []
+def diagnose_artifacts(found: Artifacts) -> Verdict:
+    """The fused verdict of stacks, flight-recorder dumps and logs already sorted."""
     problems: dict[str, str] = {}
     by_source: dict[str, Verdict | None] = {}
     if found.stacks:
@@ -119,7 +151,16 @@ def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None) -> Ver
     reasons.update(problems)
     verdict = fuse(by_source, reasons)
     verdict.problems.extend(f"{kind}: {message}" for kind, message in problems.items())
+    if found.traces or found.snapshots:
+        verdict.facts["not_read_here"] = {"profiler_traces": found.traces, "memory_snapshots": found.snapshots}
     return verdict
+
+
+def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None) -> Verdict:
+    """The fused verdict of every artifact under `paths` (and of `extra_logs`)."""
+    found = sort_artifacts(paths)
+    found.logs += extra_logs or []
+    return diagnose_artifacts(found)
 
 
 def diagnose_folder(folder: str | os.PathLike) -> Verdict:

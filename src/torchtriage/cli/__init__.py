@@ -20,6 +20,7 @@ VERBS = {
     "fr": ("fr", "analyse flight-recorder dumps: the first collective where ranks disagree, and the culprit"),
     "trace": ("trace", "profiler traces of every rank: compute/comm/idle per step, collective skew, stragglers"),
     "memory": ("memory", "a CUDA memory snapshot: peak, fragmentation, the OOM, and the sites that hold memory"),
+    "report": ("report", "one self-contained HTML page of everything a run folder holds, to attach to a bug report"),
     "dump": ("dump", "capture every rank's Python stack on this node at once (py-spy), one file per rank"),
     "record": ("record", "record flame graphs (SVG, speedscope) of every rank on this node over one window"),
     "diagnose": ("diagnose", "my job is stuck: stacks, flight recorder and logs fused into one verdict"),

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from torchtriage import exit_codes
 from torchtriage.analysis.memory import (
@@ -11,6 +13,7 @@ from torchtriage.analysis.memory import (
     compare_reports,
     format_bytes,
 )
+from torchtriage.errors import InputError, UsageError
 from torchtriage.model import Verdict
 from torchtriage.report.json_report import render_json
 from torchtriage.report.text import render_text
@@ -26,6 +29,11 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         "--compare",
         metavar="OTHER",
         help="a later snapshot of the same job: show what grew, by allocation site (SNAPSHOT is the earlier one)",
+    )
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write a self-contained HTML page: allocation timeline and bytes by site (of SNAPSHOT, and OTHER)",
     )
 
 
@@ -76,11 +84,41 @@ def _tables(verdict: Verdict) -> str:
     return "\n".join(lines)
 
 
+def _write_html(path: str, verdict: Verdict, snapshots: list) -> None:
+    """The verdict, then per snapshot ((MemorySnapshot, MemoryReport) pairs) and device: timeline and sites."""
+    from torchtriage.report.html import esc, memory_sections, memory_series, render_memory_html
+
+    title = " vs ".join(report.path for _, report in snapshots)
+    parts = []
+    for snapshot, report in snapshots:
+        charts = {device.device: memory_series(snapshot, device) for device in report.devices}
+        own = verdict if len(snapshots) == 1 else build_memory_verdict(report)
+        if len(snapshots) > 1:
+            parts.append(f"<h2>{esc(report.path)}</h2><p>{esc(own.summary)}</p>")
+        parts += memory_sections(own, charts, level=3 if len(snapshots) > 1 else 2)
+    page = render_memory_html(verdict, {}, title).replace("</body>", "".join(parts) + "</body>")
+    try:
+        Path(path).write_text(page, encoding="utf-8")
+    except OSError as err:
+        raise InputError(f"--html {path}: cannot write it ({err.strerror or err}).") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    report = analyse_snapshot(load_snapshot(args.snapshot))
+    if args.html and os.path.isdir(args.html):
+        raise UsageError(f"--html {args.html}: a folder; give a file name (e.g. memory.html).")
+    snapshot = load_snapshot(args.snapshot)
+    report = analyse_snapshot(snapshot)
+    drawn = [(snapshot, report)]
     if args.compare:
-        verdict = compare_reports(report, analyse_snapshot(load_snapshot(args.compare)))
+        other = load_snapshot(args.compare)
+        other_report = analyse_snapshot(other)
+        drawn.append((other, other_report))
+        verdict = compare_reports(report, other_report)
     else:
         verdict = build_memory_verdict(report)
+    if args.html:
+        _write_html(args.html, verdict, drawn)
     print(render_json(verdict) if args.json else render_text(verdict) + "\n" + _tables(verdict))
+    if args.html and not args.json:
+        print(f"\nHTML report: {args.html}")
     return exit_codes.PROBLEM_FOUND if verdict.diagnosed_problem else exit_codes.OK

@@ -17,12 +17,17 @@ _COLOURS = {
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;margin:24px;color:#222;max-width:1200px}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px;border-bottom:1px solid #ddd}
+h3{font-size:14px;margin-top:20px}h4{font-size:13px;margin-top:16px}
 .verdict{padding:12px;border-left:6px solid #e15759;background:#fdf3f3}
 .ok{border-left-color:#59a14f;background:#f3fbf2}
 table{border-collapse:collapse;font-size:13px}td,th{padding:3px 8px;border-bottom:1px solid #eee;text-align:right}
 th{background:#f6f6f6}td.l,th.l{text-align:left}.legend span{display:inline-block;margin-right:14px;font-size:12px}
 .sw{display:inline-block;width:11px;height:11px;margin-right:4px;vertical-align:middle}
 .problems{color:#8a5a00;font-size:13px}svg text{font-size:11px;font-family:inherit}
+tr.culprit td{background:#fde2e2;font-weight:600}pre{background:#f7f7f7;padding:8px;font-size:12px;overflow-x:auto;
+white-space:pre-wrap;word-break:break-all}details{margin:4px 0}summary{cursor:pointer;font-size:13px}
+.sources li{font-size:13px}.missing{color:#777}.meta{color:#666;font-size:12px}code{font-size:12px}
+td.cell{text-align:left;font-size:12px;white-space:nowrap}td.bad{background:#fde2e2}td.absent{background:#eee;color:#999}
 """
 
 esc = html.escape
@@ -35,21 +40,31 @@ def page(title: str, body: str) -> str:
     )
 
 
-def verdict_block(verdict: Verdict) -> str:
+def verdict_head(verdict: Verdict) -> str:
+    """The coloured box: category, confidence, culprit ranks and the summary."""
     ok = "" if verdict.findings else " ok"
-    parts = [
+    return (
         f'<div class="verdict{ok}"><b>{esc(verdict.category)}</b> (confidence {esc(verdict.confidence)})'
         + (f" — culprit rank {', '.join(map(str, verdict.culprit_ranks))}" if verdict.culprit_ranks else "")
         + f"<p>{esc(verdict.summary)}</p></div>"
-    ]
-    if verdict.actions:
-        parts.append("<h2>What to do</h2><ol>")
-        for action in verdict.actions:
-            env = "".join(f"<br><code>export {esc(k)}={esc(v)}</code>" for k, v in action.env.items())
-            parts.append(
-                f"<li><b>{esc(action.title)}</b> <small>[{esc(action.rule)}]</small><br>{esc(action.detail)}{env}</li>"
-            )
-        parts.append("</ol>")
+    )
+
+
+def actions_block(verdict: Verdict) -> str:
+    if not verdict.actions:
+        return ""
+    parts = ["<h2>What to do</h2><ol>"]
+    for action in verdict.actions:
+        env = "".join(f"<br><code>export {esc(k)}={esc(v)}</code>" for k, v in action.env.items())
+        parts.append(
+            f"<li><b>{esc(action.title)}</b> <small>[{esc(action.rule)}]</small><br>{esc(action.detail)}{env}</li>"
+        )
+    parts.append("</ol>")
+    return "".join(parts)
+
+
+def verdict_block(verdict: Verdict) -> str:
+    parts = [verdict_head(verdict), actions_block(verdict)]
     if verdict.problems:
         parts.append('<h2>Could not read everything</h2><ul class="problems">')
         parts += [f"<li>{esc(p)}</li>" for p in verdict.problems]
@@ -150,9 +165,16 @@ def skew_heatmap(collectives: list[dict[str, Any]], ranks: list[int], limit: int
 
 
 def render_trace_html(verdict: Verdict, timelines: dict[int, list] | None = None) -> str:
+    body = ["<h1>torchtriage trace</h1>", verdict_block(verdict)]
+    body += trace_sections(verdict, timelines)
+    return page("torchtriage trace", "".join(body))
+
+
+def trace_sections(verdict: Verdict, timelines: dict[int, list] | None = None) -> list[str]:
+    """The plots and the per-rank table of a trace verdict (shared by `trace --html` and `report`)."""
     facts = verdict.facts
     ranks = facts.get("ranks", [])
-    body = ["<h1>torchtriage trace</h1>", verdict_block(verdict)]
+    body: list[str] = []
     body.append("<h2>Where a step's time goes (mean step, GPU timeline)</h2>")
     body.append(stacked_bars(ranks))
     body.append("<h2>One step, every rank</h2>")
@@ -173,4 +195,383 @@ def render_trace_html(verdict: Verdict, timelines: dict[int, list] | None = None
             + f"<td>{r['last_arrivals']}</td></tr>"
         )
     body.append("</table>")
-    return page("torchtriage trace", "".join(body))
+    return body
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def _bytes(value: float) -> str:
+    from torchtriage.analysis.memory import format_bytes
+
+    return format_bytes(value)
+
+
+def memory_series(snapshot: Any, device: Any, points: int = 800) -> dict[str, Any] | None:
+    """Allocated and reserved bytes over the recorded history of one device, at most `points` samples.
+
+    One pass over the history, O(points) memory: each sample is a bucket of events, keeping the highest
+    level inside it, so no peak is lost however long the history. The level before the first event is
+    recovered from the end state, as `analyse_device` does. `snapshot` is a MemorySnapshot, `device`
+    the DeviceMemory of its analysis. (It belongs beside `analyse_device`; it lives here while only the
+    HTML uses it.)
+    """
+    from torchtriage.sources.memory_snapshot import (
+        ALLOC_ACTIONS,
+        FREE_ACTIONS,
+        SEGMENT_ALLOC_ACTIONS,
+        SEGMENT_FREE_ACTIONS,
+    )
+
+    events = device.history_events
+    if not events:
+        return None
+    bucket = max(1, -(-events // points))
+    index: list[int] = []
+    allocated: list[int] = []
+    reserved: list[int] = []
+    level = reserved_level = 0
+    high = high_reserved = None
+    oom_index = None
+    for event in snapshot.trace(device.device):
+        action = event.action
+        if action in ALLOC_ACTIONS:
+            level += event.size
+        elif action in FREE_ACTIONS:
+            level -= event.size
+        elif action in SEGMENT_ALLOC_ACTIONS:
+            reserved_level += event.size
+        elif action in SEGMENT_FREE_ACTIONS:
+            reserved_level -= event.size
+        elif action == "oom":
+            oom_index = event.index
+        high = level if high is None else max(high, level)
+        high_reserved = reserved_level if high_reserved is None else max(high_reserved, reserved_level)
+        if event.index % bucket == bucket - 1:
+            index.append(event.index)
+            allocated.append(high)
+            reserved.append(high_reserved)
+            high = high_reserved = None
+    if high is not None:
+        index.append(events - 1)
+        allocated.append(high)
+        reserved.append(high_reserved or 0)
+    baseline = max(0, device.allocated - level)
+    reserved_baseline = max(0, device.reserved - reserved_level)
+    return {
+        "device": device.device,
+        "events": events,
+        "index": index,
+        "allocated": [baseline + v for v in allocated],
+        "reserved": [reserved_baseline + v for v in reserved],
+        "oom_index": oom_index,
+        "oom_requested": device.oom["requested"] if device.oom else None,
+    }
+
+
+def allocation_timeline(series: dict[str, Any] | None) -> str:
+    """Allocated (filled) and reserved (line) bytes over the history events, the OOM marked."""
+    if not series or not series["index"]:
+        return "<p>No allocation history in this snapshot: no timeline (record it with _record_memory_history).</p>"
+    if not max(series["reserved"]) and not max(series["allocated"]):
+        return "<p>Nothing was allocated on this device over the recorded history.</p>"
+    width, height, left, bottom, top = 900, 240, 80, 24, 10
+    events = max(series["events"] - 1, 1)
+    highest = max(max(series["reserved"]), max(series["allocated"])) or 1
+    sx = (width - left - 10) / events
+    sy = (height - top - bottom) / highest
+
+    def point(i: int, v: float) -> str:
+        return f"{left + i * sx:.1f},{height - bottom - v * sy:.1f}"
+
+    base = height - bottom
+    area = " ".join(point(i, v) for i, v in zip(series["index"], series["allocated"], strict=True))
+    first, last = series["index"][0], series["index"][-1]
+    svg = [
+        f'<svg width="{width}" height="{height}" role="img" aria-label="allocation timeline">',
+        f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#999"/>',
+    ]
+    for k in range(5):
+        value = highest * k / 4
+        y = base - value * sy
+        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
+        svg.append(f'<text x="0" y="{y + 4:.1f}">{esc(_bytes(value))}</text>')
+    svg.append(
+        f'<polygon points="{left + first * sx:.1f},{base} {area} {left + last * sx:.1f},{base}" '
+        f'fill="{_COLOURS["compute"]}" fill-opacity="0.55" stroke="{_COLOURS["compute"]}">'
+        f"<title>allocated, peak {esc(_bytes(max(series['allocated'])))}</title></polygon>"
+    )
+    line = " ".join(point(i, v) for i, v in zip(series["index"], series["reserved"], strict=True))
+    svg.append(
+        f'<polyline points="{line}" fill="none" stroke="#555" stroke-width="1.5" stroke-dasharray="4 2">'
+        f"<title>reserved, peak {esc(_bytes(max(series['reserved'])))}</title></polyline>"
+    )
+    if series["oom_index"] is not None:
+        x = left + series["oom_index"] * sx
+        requested = f" ({_bytes(series['oom_requested'])} requested)" if series["oom_requested"] else ""
+        svg.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{base}" stroke="{_COLOURS["communication"]}" '
+            f'stroke-width="2"><title>OOM at event {series["oom_index"]}{esc(requested)}</title></line>'
+        )
+        svg.append(
+            f'<text x="{x - 4:.1f}" y="{base - 8}" text-anchor="end" fill="{_COLOURS["communication"]}">'
+            f"OOM{esc(requested)}</text>"
+        )
+    svg.append(f'<text x="{left}" y="{height - 6}">event 0</text>')
+    svg.append(f'<text x="{width - 110}" y="{height - 6}">event {series["events"] - 1:,}</text></svg>')
+    legend = (
+        '<div class="legend"><span><i class="sw" style="background:#4e79a7"></i>allocated</span>'
+        '<span><i class="sw" style="background:#555"></i>reserved (dashed)</span>'
+        + ('<span><i class="sw" style="background:#e15759"></i>OOM</span>' if series["oom_index"] is not None else "")
+        + "</div>"
+    )
+    return legend + "".join(svg)
+
+
+def sites_chart(sites: list[dict[str, Any]], moment: str) -> str:
+    """Horizontal bars: bytes alive per allocation site at the reference moment, largest first."""
+    if not sites:
+        return "<p>No allocation site recorded.</p>"
+    width, row = 900, 34
+    largest = max(s["bytes"] for s in sites) or 1
+    scale = (width - 200) / largest
+    svg = [f'<svg width="{width}" height="{row * len(sites) + 6}" role="img" aria-label="bytes by site {esc(moment)}">']
+    for i, site in enumerate(sites):
+        y = 4 + i * row
+        name = site["site"] if len(site["site"]) <= 130 else site["site"][:127] + "..."
+        w = max(site["bytes"] * scale, 1)
+        svg.append(f'<text x="0" y="{y + 10}">{esc(name)}<title>{esc(site["site"])}</title></text>')
+        svg.append(
+            f'<rect x="0" y="{y + 14}" width="{w:.1f}" height="12" fill="{_COLOURS["memory"]}">'
+            f"<title>{esc(site['site'])}: {esc(_bytes(site['bytes']))} in {site['count']} blocks</title></rect>"
+        )
+        share = ""
+        if "share" in site:
+            share = f" ({site['share']:.0%})" if site["share"] >= 0.005 else " (<1%)"
+        svg.append(f'<text x="{w + 6:.1f}" y="{y + 24}">{esc(_bytes(site["bytes"]))}{share}</text>')
+    svg.append("</svg>")
+    return "".join(svg)
+
+
+_MOMENT = {"oom": "at the OOM", "peak": "at the peak", "now": "when the snapshot was taken"}
+
+
+def memory_sections(verdict: Verdict, series: dict[int, dict[str, Any] | None], level: int = 2) -> list[str]:
+    """Per device: the numbers, the allocation timeline and the by-site chart."""
+    body: list[str] = []
+    h = f"h{level}"
+    for device in verdict.facts.get("devices", []):
+        number = device["device"]
+        body.append(f"<{h}>Device {number}</{h}>")
+        cells = [
+            ("allocated now", _bytes(device["allocated"])),
+            ("reserved now", _bytes(device["reserved"])),
+            ("reserved but unallocated", _bytes(device["reserved_unallocated"])),
+            ("segments", str(device["segments"])),
+        ]
+        if device["peak_allocated"] is not None:
+            cells += [
+                ("peak allocated", _bytes(device["peak_allocated"])),
+                ("peak reserved", _bytes(device["peak_reserved"])),
+            ]
+        if device["oom"]:
+            oom = device["oom"]
+            cells.append(("OOM request", _bytes(oom["requested"])))
+            if oom["device_free"] is not None:
+                cells.append(("device free at the OOM", _bytes(oom["device_free"])))
+        body.append(
+            "<table><tr>"
+            + "".join(f"<th>{esc(k)}</th>" for k, _ in cells)
+            + "</tr><tr>"
+            + "".join(f"<td>{esc(v)}</td>" for _, v in cells)
+            + "</tr></table>"
+        )
+        if device["oom"]:
+            body.append(f"<p>The failed allocation came from <code>{esc(device['oom']['site'])}</code></p>")
+        body.append(f"<p><b>Allocation timeline</b> ({device['history_events']:,} history events)</p>")
+        body.append(allocation_timeline(series.get(number)))
+        moment = _MOMENT[device["reference"]]
+        body.append(f"<p><b>Bytes alive {esc(moment)}, by allocation site</b></p>")
+        body.append(sites_chart(device["top_sites"], moment))
+        if device["largest_blocks"]:
+            body.append("<details><summary>largest live blocks</summary><table><tr><th>size</th>"
+                        '<th class="l">address</th><th class="l">site</th></tr>')  # fmt: skip
+            for block in device["largest_blocks"]:
+                body.append(
+                    f"<tr><td>{esc(_bytes(block['size']))}</td><td class='l'><code>{esc(block['address'])}</code></td>"
+                    f"<td class='l'>{esc(block['site'])}</td></tr>"
+                )
+            body.append("</table></details>")
+    return body
+
+
+def render_memory_html(verdict: Verdict, series: dict[int, dict[str, Any] | None], title: str) -> str:
+    """The verdict (or the --compare diff); with `series`, the devices of the verdict's facts too."""
+    body = [f"<h1>torchtriage memory: {esc(title)}</h1>", verdict_block(verdict)]
+    if series:
+        body += memory_sections(verdict, series)
+    if "sites" in verdict.facts and "totals" in verdict.facts:  # --compare
+        body.append('<h2>What grew, by site</h2><table><tr><th>change</th><th>before</th><th>after</th>'
+                    '<th class="l">site</th></tr>')  # fmt: skip
+        for row in verdict.facts["sites"][:30]:
+            sign = "+" if row["delta"] > 0 else ""
+            body.append(
+                f"<tr><td>{sign}{esc(_bytes(row['delta']))}</td><td>{esc(_bytes(row['before']))}</td>"
+                f"<td>{esc(_bytes(row['after']))}</td><td class='l'>{esc(row['site'])}</td></tr>"
+            )
+        body.append("</table>")
+    return page(f"torchtriage memory: {title}", "".join(body))
+
+
+# ----------------------------------------------------------------------------- the run-folder report
+
+
+def findings_table(verdict: Verdict) -> str:
+    if not verdict.findings:
+        return "<p>No finding.</p>"
+    rows = ['<table><tr><th class="l">role</th><th class="l">kind</th><th class="l">ranks</th>'
+            '<th class="l">what</th></tr>']  # fmt: skip
+    for finding in verdict.findings:
+        evidence = "".join(
+            f"<li><code>{esc(e.file or e.source)}{':' + str(e.line) if e.line else ''}</code>"
+            f"{' rank ' + str(e.rank) if e.rank is not None else ''}: {esc(e.text)}</li>"
+            for e in finding.evidence
+        )
+        detail = f"<details><summary>evidence ({len(finding.evidence)})</summary><ul>{evidence}</ul></details>"
+        rows.append(
+            f"<tr><td class='l'>{esc(finding.role)}</td><td class='l'><code>{esc(finding.kind)}</code></td>"
+            f"<td class='l'>{esc(', '.join(map(str, finding.ranks)))}</td>"
+            f"<td class='l'>{esc(finding.message)}{detail if finding.evidence else ''}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def stacks_section(positions: dict[int, Any], dumps: dict[int, Any], culprits: list[int]) -> str:
+    """Per rank: its state and where (analysis.stacks.RankPosition), and its main thread's stack."""
+    rows = ['<table><tr><th>rank</th><th class="l">state</th><th class="l">op</th><th class="l">user frame</th>'
+            '<th class="l">dump</th></tr>']  # fmt: skip
+    for rank, position in sorted(positions.items()):
+        frame = position.user_frame.text if position.user_frame else ""
+        mark = ' class="culprit"' if rank in culprits else ""
+        rows.append(
+            f"<tr{mark}><td>{rank}{' (culprit)' if rank in culprits else ''}</td>"
+            f"<td class='l'>{esc(position.state)}</td><td class='l'>{esc(position.op or '')}</td>"
+            f"<td class='l'><code>{esc(frame)}</code></td><td class='l'><code>{esc(position.source)}</code></td></tr>"
+        )
+    rows.append("</table>")
+    for rank, process in sorted(dumps.items()):
+        thread = process.main_thread()
+        frames = [f for f in thread.frames] if thread else []
+        text = "\n".join(f"  {'[native] ' if f.native else ''}{f.text}" for f in frames) or "  (no frame)"
+        name = (thread.name if thread else None) or "main thread"
+        state = positions[rank].describe() if rank in positions else ""
+        rows.append(
+            f"<details{' open' if rank in culprits else ''}><summary>rank {rank}: {esc(state)}</summary>"
+            f"<pre>pid {process.pid}, {esc(name)} (innermost first)\n{esc(text)}</pre></details>"
+        )
+    return "".join(rows)
+
+
+def flight_recorder_section(load: Any, culprits: list[int], columns: int = 12) -> str:
+    """Per process group: ranks × the last collectives each recorded (sources.flight_recorder.LoadResult).
+
+    A cell is the op and its state; a missing entry (a rank that never enqueued that seq) is marked.
+    """
+    dumps = sorted(load.dumps, key=lambda d: d.rank)
+    if not dumps:
+        return "<p>No flight-recorder dump could be read.</p>"
+    groups: dict[str, str] = {}
+    for dump in dumps:
+        for name in dump.tracks:
+            groups.setdefault(
+                name, dump.pg_desc.get(name) or (dump.pg_config[name].desc if name in dump.pg_config else "")
+            )
+    parts = [f"<p class='meta'>{len(dumps)} dumps, backend {esc(dumps[0].backend)}, format {esc(dumps[0].version)}</p>"]
+    for name, desc in sorted(groups.items()):
+        seqs = sorted({s for d in dumps if name in d.tracks for s in d.tracks[name].seqs})
+        shown = seqs[-columns:]
+        parts.append(f"<p><b>process group {esc(name)}</b> {esc(desc)}: the last {len(shown)} of {len(seqs)} seqs</p>")
+        head = "".join(f"<th>seq {s}</th>" for s in shown)
+        parts.append(f'<table><tr><th>rank</th><th class="l">enqueued / started / completed</th>{head}</tr>')
+        for dump in dumps:
+            track = dump.tracks.get(name)
+            by_seq = {}
+            if track is not None:
+                for i, seq in enumerate(track.seqs):
+                    sig = dump.signatures.get(track.keys[i])
+                    by_seq[seq] = (sig.op if sig else track.keys[i], track.states[i], track.sites[i])
+            status = dump.pg_status.get(dump.pg_ids.get(name, ""), None)
+            status_text = " / ".join(map(str, status)) if status else "?"
+            cells = []
+            for seq in shown:
+                if seq not in by_seq:
+                    cells.append('<td class="cell absent">never enqueued</td>')
+                    continue
+                op, state, site = by_seq[seq]
+                bad = " bad" if state != "completed" else ""
+                tip = f"{site.file}:{site.line} in {site.function}" if site else "no call site recorded"
+                cells.append(f'<td class="cell{bad}" title="{esc(tip)}">{esc(op)}<br><small>{esc(state)}</small></td>')
+            mark = ' class="culprit"' if dump.rank in culprits else ""
+            parts.append(f"<tr{mark}><td>{dump.rank}</td><td class='l'>{esc(status_text)}</td>{''.join(cells)}</tr>")
+        parts.append("</table>")
+    if load.problems:
+        parts.append(
+            '<ul class="problems">'
+            + "".join(f"<li>{esc(p.path)}: {esc(p.message)}</li>" for p in load.problems)
+            + "</ul>"
+        )
+    return "".join(parts)
+
+
+def glance_table(verdicts: list[tuple[str, Verdict]]) -> str:
+    """One row per source's own verdict: what each says on its own."""
+    rows = ['<table><tr><th class="l">source</th><th class="l">verdict</th><th class="l">culprit</th>'
+            '<th class="l">summary</th></tr>']  # fmt: skip
+    for name, verdict in verdicts:
+        bad = " class='culprit'" if verdict.diagnosed_problem else ""
+        rows.append(
+            f"<tr{bad}><td class='l'>{esc(name)}</td><td class='l'>{esc(verdict.category)}</td>"
+            f"<td class='l'>{esc(', '.join(map(str, verdict.culprit_ranks)) or '-')}</td>"
+            f"<td class='l' style='font-weight:normal'>{esc(verdict.summary)}</td></tr>"
+        )
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def render_report_html(
+    folder: str,
+    headline: Verdict | None,
+    verdicts: list[tuple[str, Verdict]],
+    sources: list[tuple[str, str, bool]],
+    sections: list[tuple[str, str]],
+    problems: list[str],
+    generated: str = "",
+) -> str:
+    """The run-folder report: the headline verdict, which sources were found, then a section per source.
+
+    `verdicts`: each source's own verdict, for the at-a-glance table; `sources`: (name, what was found or
+    why not, found?); `sections`: (title, HTML already escaped).
+    """
+    body = [f"<h1>torchtriage report: {esc(folder)}</h1>"]
+    if generated:
+        body.append(f"<p class='meta'>{esc(generated)}</p>")
+    if headline is not None:
+        body.append(verdict_head(headline))
+    if len(verdicts) > 1:
+        body.append("<h2>Every source's verdict</h2>")
+        body.append(glance_table(verdicts))
+    body.append('<h2>Sources</h2><ul class="sources">')
+    for name, detail, found in sources:
+        body.append(
+            f"<li{'' if found else ' class=missing'}><b>{esc(name)}</b>: "
+            f"{'' if found else 'missing — '}{esc(detail)}</li>"
+        )
+    body.append("</ul>")
+    for title, html_text in sections:
+        body.append(f"<h2>{esc(title)}</h2>{html_text}")
+    if problems:
+        body.append('<h2>Could not read everything</h2><ul class="problems">')
+        body += [f"<li>{esc(p)}</li>" for p in problems]
+        body.append("</ul>")
+    return page(f"torchtriage report: {folder}", "".join(body))
