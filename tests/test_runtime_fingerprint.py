@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -115,9 +114,8 @@ def test_mismatch_raises_on_every_rank_before_hanging(mode, ranks, expected):
     env = {"FP_MODE": mode, "DIST_NCCL_TIMEOUT_MINUTES": "0.5"}  # the PG timeout is only a safety net
     if mode == "env":
         env["TORCHTRIAGE_CHECK_COLLECTIVES"] = "1"
-    started = time.monotonic()
     code, log, records = run_job("runtime_fingerprint.py", ranks, env)
-    assert time.monotonic() - started < 60
+    # Had the collective been issued, the 30 s process-group timeout would have raised instead.
     assert sorted(r["rank"] for r in records) == list(range(ranks)), log[-3000:]
     assert {r.get("raised") for r in records} == {"CollectiveMismatchError"}
     messages = {r["message"] for r in records}
