@@ -20,13 +20,13 @@ import os
 import pickle
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from measure import run_measured  # benchmarks/measure.py: run as scripts, this folder is on sys.path
 
 PREFIX = "nccl_trace_rank_"
 LIB = "/opt/venv/lib/python3.12/site-packages/torch/distributed"
@@ -106,57 +106,6 @@ def write_dumps(folder: Path, world: int, entries: int, culprit: int) -> None:
         list(pool.map(_write_one, jobs, chunksize=64))
 
 
-def _tree_rss(pid: int) -> int:
-    """Summed resident memory (bytes) of a process and all its descendants."""
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            with open(f"/proc/{current}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    stack.extend(int(c) for c in children.read().split())
-        except (OSError, ValueError):
-            continue
-    return total
-
-
-def run_measured(command: list[str], timeout: float) -> dict:
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
-            done.wait(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        timed_out = True
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    return {
-        "wall_s": wall,
-        "peak_tree_mb": peak[0] / 2**20,
-        "output": out,
-        "rc": proc.returncode,
-        "timed_out": timed_out,
-    }
-
-
 def torch_culprits(output: str) -> list[int]:
     return sorted({int(r) for r in re.findall(r"Culprit rank (\d+)", output)})
 
@@ -187,11 +136,13 @@ def main() -> None:
                 print(f"\n{world} ranks x {args.entries} entries (reusing {folder})")
             print(f"  injected: rank {culprit} all_reduces 8192 elements instead of 4096 at seq {args.entries - 20}")
 
-            ours = run_measured([sys.executable, "-m", "torchtriage", "fr", str(folder), "--json"], 600)
-            verdict = json.loads(ours["output"][ours["output"].index("{") :]) if "{" in ours["output"] else {}
+            ours = run_measured(
+                [sys.executable, "-m", "torchtriage", "fr", str(folder), "--json"], 600, merge_stderr=True
+            )
+            verdict = json.loads(ours["out"][ours["out"].index("{") :]) if "{" in ours["out"] else {}
             ours_culprits = verdict.get("culprit_ranks")
             print(
-                f"  torchtriage fr : {ours['wall_s']:7.2f} s  peak {ours['peak_tree_mb']:6.0f} MB  "
+                f"  torchtriage fr : {ours['wall_s']:7.2f} s  peak {ours['peak_mb']:6.0f} MB  "
                 f"culprit {ours_culprits}  (exit {ours['rc']})"
             )
             if world > args.skip_torch_above:
@@ -204,9 +155,9 @@ def main() -> None:
             if theirs["timed_out"]:
                 print(f"  PyTorch fr_trace: did not finish in {args.torch_timeout:.0f} s")
                 continue
-            their_culprits = torch_culprits(theirs["output"])
+            their_culprits = torch_culprits(theirs["out"])
             print(
-                f"  PyTorch fr_trace: {theirs['wall_s']:7.2f} s  peak {theirs['peak_tree_mb']:6.0f} MB  "
+                f"  PyTorch fr_trace: {theirs['wall_s']:7.2f} s  peak {theirs['peak_mb']:6.0f} MB  "
                 f"culprit {their_culprits}  (exit {theirs['rc']})"
             )
             print(

@@ -25,17 +25,18 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
+
+from measure import run_measured  # benchmarks/measure.py: run as scripts, this folder is on sys.path
 
 STRAGGLER = 5
 _HTA_SCRIPT = """
 import json, sys
 from hta.trace_analysis import TraceAnalysis
+
 df = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True).get_temporal_breakdown(visualize=False)
 rows = {int(r["rank"]): {"idle": float(r["idle_time(us)"]), "compute": float(r["compute_time(us)"]),
         "non_compute": float(r["non_compute_time(us)"]), "span": float(r["kernel_time(us)"])}
@@ -125,52 +126,6 @@ def _write_rank(job: tuple[str, int, int, int]) -> int:
 def write_traces(folder: str, ranks: int, mb: float) -> int:
     with ProcessPoolExecutor() as pool:
         return sum(pool.map(_write_rank, [(folder, r, ranks, int(mb * 2**20)) for r in range(ranks)]))
-
-
-def _tree_rss(pid: int) -> int:
-    """Summed resident memory (bytes) of a process and all its descendants."""
-    total, stack = 0, [pid]
-    while stack:
-        current = stack.pop()
-        try:
-            with open(f"/proc/{current}/status") as status:
-                for line in status:
-                    if line.startswith("VmRSS:"):
-                        total += int(line.split()[1]) * 1024
-                        break
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    stack.extend(int(c) for c in children.read().split())
-        except (OSError, ValueError):
-            continue
-    return total
-
-
-def run_measured(command: list[str], timeout: float) -> dict:
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    peak = [0]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], _tree_rss(proc.pid))
-            done.wait(0.01)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        timed_out = True
-    wall = time.perf_counter() - start
-    done.set()
-    sampler.join()
-    return {"wall_s": wall, "peak_mb": peak[0] / 2**20, "out": out, "err": err, "rc": proc.returncode,
-            "timed_out": timed_out}  # fmt: skip
 
 
 def ours_breakdown(output: str) -> dict[int, dict[str, float]]:
