@@ -319,6 +319,19 @@ def _fmt_ms(us: float) -> str:
     return f"{us / 1000:.1f} ms" if abs(us) >= 1000 else f"{us:.0f} µs"
 
 
+def _excess_reason(kind: str, phase: str, mine: float | None, others: list[float | None], describe) -> dict | None:
+    """A reason when this rank's value exceeds the others' median by more than the skew floor (or 10%)."""
+    theirs = [value for value in others if value is not None]
+    if mine is None or not theirs:
+        return None
+    typical = statistics.median(theirs)
+    excess = mine - typical
+    if excess <= max(MIN_SKEW_US, 0.1 * typical):
+        return None
+    text = describe(mine, typical, excess)
+    return {"kind": kind, "phase": phase, "excess_us": excess, "rank_us": mine, "others_us": typical, "text": text}
+
+
 def straggler_reasons(rank: RankSummary, others: list[RankSummary]) -> list[dict[str, Any]]:
     """Why `rank` is late: the phases in which it spends longer than the others, largest excess first."""
     reasons = []
@@ -342,40 +355,18 @@ def straggler_reasons(rank: RankSummary, others: list[RankSummary]) -> list[dict
                     + f": {_fmt_ms(value)} vs {_fmt_ms(typical)} per step (+{_fmt_ms(excess)})",
                 }
             )
-    if rank.gpu_compute_per_step is not None:
-        theirs = [o.gpu_compute_per_step for o in others if o.gpu_compute_per_step is not None]
-        if theirs:
-            typical = statistics.median(theirs)
-            excess = rank.gpu_compute_per_step - typical
-            if excess > max(MIN_SKEW_US, 0.1 * typical):
-                reasons.append(
-                    {
-                        "kind": "compute",
-                        "phase": "GPU compute",
-                        "excess_us": excess,
-                        "rank_us": rank.gpu_compute_per_step,
-                        "others_us": typical,
-                        "text": f"its GPU compute is longer: {_fmt_ms(rank.gpu_compute_per_step)} vs "
-                        f"{_fmt_ms(typical)} per step (+{_fmt_ms(excess)})",
-                    }
-                )
-    if rank.first_collective_offset is not None:
-        theirs = [o.first_collective_offset for o in others if o.first_collective_offset is not None]
-        if theirs:
-            typical = statistics.median(theirs)
-            excess = rank.first_collective_offset - typical
-            if excess > max(MIN_SKEW_US, 0.1 * typical):
-                reasons.append(
-                    {
-                        "kind": "launch",
-                        "phase": "first collective launch",
-                        "excess_us": excess,
-                        "rank_us": rank.first_collective_offset,
-                        "others_us": typical,
-                        "text": f"it launches its first collective late: {_fmt_ms(rank.first_collective_offset)} "
-                        f"into the step vs {_fmt_ms(typical)} (+{_fmt_ms(excess)})",
-                    }
-                )
+    compute = _excess_reason(
+        "compute", "GPU compute", rank.gpu_compute_per_step, [o.gpu_compute_per_step for o in others],
+        lambda mine, typical, excess: f"its GPU compute is longer: {_fmt_ms(mine)} vs {_fmt_ms(typical)} per step "
+        f"(+{_fmt_ms(excess)})",
+    )  # fmt: skip
+    launch = _excess_reason(
+        "launch", "first collective launch", rank.first_collective_offset,
+        [o.first_collective_offset for o in others],
+        lambda mine, typical, excess: f"it launches its first collective late: {_fmt_ms(mine)} into the step vs "
+        f"{_fmt_ms(typical)} (+{_fmt_ms(excess)})",
+    )  # fmt: skip
+    reasons += [r for r in (compute, launch) if r is not None]
     # The launch delay is the consequence of the longer phases: list causes first.
     reasons.sort(key=lambda r: (r["kind"] == "launch", -r["excess_us"]))
     return reasons
