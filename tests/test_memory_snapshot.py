@@ -9,10 +9,15 @@ from pathlib import Path
 import pytest
 
 from torchtriage import exit_codes
-from torchtriage.analysis.memory import analyse_snapshot, build_memory_verdict, fold_frames
+from torchtriage.analysis.memory import (
+    analyse_snapshot,
+    build_memory_verdict,
+    fold_frames,
+    read_snapshot,
+    snapshot_from_data,
+)
 from torchtriage.cli import main
 from torchtriage.errors import InputError
-from torchtriage.sources.memory_snapshot import interpret, load_snapshot
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h200x2" / "oom_snapshot.pickle"
 GIB = 1 << 30
@@ -58,7 +63,7 @@ def _write(tmp_path: Path, data, name="snap.pickle") -> str:
 
 
 def test_real_oom_snapshot_request_free_and_top_site():
-    report = analyse_snapshot(load_snapshot(str(FIXTURE)))
+    report = analyse_snapshot(read_snapshot(str(FIXTURE)))
     device = report.primary
     assert device.device == 0
     assert device.oom["requested"] == 16 * GIB
@@ -101,7 +106,7 @@ def test_fragmentation_triggers_expandable_segments(tmp_path):
         {"action": "alloc", "addr": 1, "size": 100 * MIB, "frames": act},
         {"action": "oom", "size": 600 * MIB, "device_free": 10 * MIB, "frames": a},
     ]
-    verdict = build_memory_verdict(analyse_snapshot(load_snapshot(_write(tmp_path, _snapshot(blocks, trace)))))
+    verdict = build_memory_verdict(analyse_snapshot(read_snapshot(_write(tmp_path, _snapshot(blocks, trace)))))
     assert verdict.category == "oom"
     assert verdict.actions[0].rule == "memory.expandable_segments"
     assert verdict.actions[0].env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
@@ -119,7 +124,7 @@ def test_peak_from_history_and_sites_at_peak(tmp_path):
     ]
     # 2 GiB of weights allocated before the history began, still alive.
     data = _snapshot([[(2 * GIB, "active_allocated", wts), (4 * GIB, "inactive", [])]], trace)
-    report = analyse_snapshot(interpret(data))
+    report = analyse_snapshot(snapshot_from_data(data))
     device = report.primary
     assert device.allocated == 2 * GIB and device.reserved == 6 * GIB
     assert device.peak_allocated == 6 * GIB and device.reference == "peak"
@@ -146,12 +151,12 @@ def test_old_formats_are_tolerated(tmp_path):
     old = {"segments": [{"device": 0, "address": 0, "total_size": GIB, "stream": 0, "segment_type": "large",
                          "blocks": [{"size": GIB, "state": "active_allocated",
                                      "history": [{"addr": 0, "real_size": GIB, "frames": frames}]}]}]}  # fmt: skip
-    report = analyse_snapshot(load_snapshot(_write(tmp_path, old)))
+    report = analyse_snapshot(read_snapshot(_write(tmp_path, old)))
     assert report.format == "torch-2.0"
     assert report.primary.top_sites(1)[0].site == "/w/a.py:1 in train_step"
     assert any("no allocation history" in p for p in report.problems)
     # torch 1.x memory_snapshot(): a bare list of segments
-    bare = analyse_snapshot(load_snapshot(_write(tmp_path, old["segments"], "bare.pickle")))
+    bare = analyse_snapshot(read_snapshot(_write(tmp_path, old["segments"], "bare.pickle")))
     assert bare.format == "segments-only" and bare.primary.reserved == GIB
 
 
@@ -194,7 +199,7 @@ def test_truncated_empty_and_missing(tmp_path, capsys):
     assert main(["memory", str(tmp_path / "nope.pickle")]) == exit_codes.BAD_INPUT
     with pytest.raises(InputError, match="JSON"):
         (tmp_path / "t.json").write_text("{}")
-        load_snapshot(str(tmp_path / "t.json"))
+        read_snapshot(str(tmp_path / "t.json"))
 
 
 def test_large_synthetic_snapshot_keeps_exact_sites(tmp_path):
@@ -213,7 +218,7 @@ def test_large_synthetic_snapshot_keeps_exact_sites(tmp_path):
     data = _snapshot([live], trace)
     path = _write(tmp_path, data)
     del data, trace
-    report = analyse_snapshot(load_snapshot(path))
+    report = analyse_snapshot(read_snapshot(path))
     device = report.primary
     assert device.allocated == 20_000 * MIB
     assert device.peak_allocated == 20_001 * MIB  # the last freed block was alive at the peak
@@ -255,7 +260,7 @@ def test_html_timeline_keeps_the_peak_of_a_long_history(tmp_path):
         size = GIB if i == 12_345 else MIB
         trace.append({"action": "alloc", "addr": (1 << 40) + i, "size": size, "frames": []})
         trace.append({"action": "free_completed", "addr": (1 << 40) + i, "size": size, "frames": []})
-    snapshot = interpret(_snapshot([[(MIB, "inactive", [])]], trace))
+    snapshot = snapshot_from_data(_snapshot([[(MIB, "inactive", [])]], trace))
     device = analyse_snapshot(snapshot).devices[0]
     series = memory_series(snapshot, device, points=500)
     assert len(series["index"]) <= 501

@@ -11,7 +11,7 @@ Numbers computed, per device:
   each folded to the innermost frame of the user's own code;
 - the largest live blocks.
 
-Everything streams over the snapshot's generators: two passes over the history, no copy of it.
+Two passes over each device's history columns; stacks arrive already folded to sites (`read_snapshot`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,15 @@ from torchtriage.analysis.frames import is_user_frame
 from torchtriage.analysis.memory_facts import FRAGMENTATION_SHARE
 from torchtriage.model import Action, Evidence, Finding, Verdict
 from torchtriage.sources.memory_snapshot import (
-    ALLOC_ACTIONS,
-    FREE_ACTIONS,
-    SEGMENT_ALLOC_ACTIONS,
-    SEGMENT_FREE_ACTIONS,
+    ALLOC,
+    FREE,
+    OOM,
+    SEGMENT_ALLOC,
+    SEGMENT_FREE,
+    DeviceHistory,
     MemorySnapshot,
+    interpret,
+    load_snapshot,
 )
 
 TOP_SITES = 10
@@ -36,8 +40,6 @@ TOP_BLOCKS = 10
 TOP_SEGMENTS = 10
 BEFORE_HISTORY = "(allocated before the recorded history began)"
 NO_STACK = "(no stack recorded)"
-# Frames that are the allocator, the unwinder or the interpreter: never where memory is "from".
-_NATIVE_NOISE = ("torch::unwind", "torch::CapturedTraceback", "c10::cuda::CUDACachingAllocator", "gather_with_cpp")
 
 
 def format_bytes(value: float) -> str:
@@ -51,7 +53,7 @@ def format_bytes(value: float) -> str:
     return f"{sign}{value:.2f} TiB"  # pragma: no cover
 
 
-def fold_frames(frames: list) -> tuple[str, list[str]]:
+def fold_frames(frames: list) -> tuple[str, tuple[str, ...]]:
     """The allocation site of a stack (innermost first): the user's innermost frame, and a short user stack.
 
     Falls back to the innermost Python frame of a library, then to the ATen operator that allocated.
@@ -75,12 +77,12 @@ def fold_frames(frames: list) -> tuple[str, list[str]]:
         elif first_op is None and name.startswith("at::_ops::"):
             first_op = "aten::" + name[len("at::_ops::") :].split("::", 1)[0] + " (no Python frame recorded)"
     if user:
-        return user[0], user
+        return user[0], tuple(user)
     if first_python:
-        return first_python, [first_python]
+        return first_python, (first_python,)
     if first_op:
-        return first_op, []
-    return NO_STACK, []
+        return first_op, ()
+    return NO_STACK, ()
 
 
 @dataclass
@@ -126,23 +128,14 @@ class DeviceMemory:
         return data
 
 
-def _add_site(sites: dict[str, Site], frames: list, size: int, cache: dict) -> None:
-    # Identical stacks are common (a loop allocating): fold each distinct innermost frames once.
-    key = _stack_key(frames)
-    folded = cache.get(key)
-    if folded is None:
-        folded = cache[key] = fold_frames(frames)
+def _add_site(sites: dict[str, Site], folded: tuple[str, tuple[str, ...]], size: int) -> None:
     site, stack = folded
     entry = sites.get(site)
     if entry is None:
-        sites[site] = Site(site, size, 1, stack)
+        sites[site] = Site(site, size, 1, list(stack))
     else:
         entry.bytes += size
         entry.count += 1
-
-
-def _stack_key(frames: list) -> tuple:
-    return tuple((f.get("filename"), f.get("line"), f.get("name")) for f in frames if isinstance(f, dict))
 
 
 def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
@@ -178,52 +171,47 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
     result.expandable = expandable or bool(snapshot.allocator_settings.get("expandable_segments"))
     result.fragmented_segments = [r for _, _, r in sorted(fragmented, key=lambda x: (-x[0], x[1]))]
 
-    cache: dict = {}
-    live_now = (b for b in snapshot.blocks() if b.device == device and b.state.startswith("active"))
-    largest = heapq.nlargest(TOP_BLOCKS, live_now, key=lambda b: b.size)
+    live_now = [b for b in snapshot.blocks() if b.device == device and b.state.startswith("active")]
     result.largest_blocks = [
         {
             "address": hex(b.address),
             "size": b.size,
             "requested_size": b.requested_size,
             "state": b.state,
-            "site": fold_frames(b.frames)[0],
+            "site": b.site[0],
         }
-        for b in largest
+        for b in heapq.nlargest(TOP_BLOCKS, live_now, key=lambda b: b.size)
     ]
 
-    if device not in snapshot.devices_with_traces():
+    history = snapshot.history(device)
+    if not len(history):
         result.reference = "now"
         result.reference_bytes = allocated
-        for block in snapshot.blocks():
-            if block.device == device and block.state.startswith("active"):
-                _add_site(result.sites, block.frames, block.size, cache)
+        for block in live_now:
+            _add_site(result.sites, block.site, block.size)
         return result
 
     # Pass 1: net change and the moment of the peak (and of the last OOM).
     level = reserved_level = 0
     peak = peak_reserved = 0
     peak_index = -1
-    peak_time = None
-    oom_event = None
-    events = 0
-    for event in snapshot.trace(device):
-        events += 1
-        action = event.action
-        if action in ALLOC_ACTIONS:
-            level += event.size
+    oom_index = None
+    for index, (kind, size) in enumerate(zip(history.kind, history.size, strict=True)):
+        if kind == ALLOC:
+            level += size
             if level > peak:
-                peak, peak_index, peak_time = level, event.index, event.time_us
-        elif action in FREE_ACTIONS:
-            level -= event.size
-        elif action in SEGMENT_ALLOC_ACTIONS:
-            reserved_level += event.size
-            peak_reserved = max(peak_reserved, reserved_level)
-        elif action in SEGMENT_FREE_ACTIONS:
-            reserved_level -= event.size
-        elif action == "oom":
-            oom_event = event
-    result.history_events = events
+                peak, peak_index = level, index
+        elif kind == FREE:
+            level -= size
+        elif kind == SEGMENT_ALLOC:
+            reserved_level += size
+            if reserved_level > peak_reserved:
+                peak_reserved = reserved_level
+        elif kind == SEGMENT_FREE:
+            reserved_level -= size
+        elif kind == OOM:
+            oom_index = index
+    result.history_events = len(history)
     baseline = allocated - level
     reserved_baseline = reserved - reserved_level
     if baseline < 0 or reserved_baseline < 0:
@@ -234,52 +222,67 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
         baseline, reserved_baseline = max(0, baseline), max(0, reserved_baseline)
     result.peak_allocated = max(baseline + peak, allocated)
     result.peak_reserved = max(reserved_baseline + peak_reserved, reserved)
-    result.peak_time_us = peak_time
+    result.peak_time_us = _time_at(history, peak_index)
 
-    if oom_event is not None:
-        site, stack = fold_frames(oom_event.frames)
+    if oom_index is not None:
+        site, stack = snapshot.sites[history.site[oom_index]]
         result.oom = {
-            "requested": oom_event.size,
-            "device_free": oom_event.device_free,
-            "time_us": oom_event.time_us,
+            "requested": history.size[oom_index],
+            "device_free": history.device_free.get(oom_index),
+            "time_us": _time_at(history, oom_index),
             "site": site,
-            "stack": stack,
-            "history_index": oom_event.index,
+            "stack": list(stack),
+            "history_index": oom_index,
         }
-        result.reference, stop = "oom", oom_event.index
+        result.reference, stop = "oom", oom_index
     else:
         result.reference, stop = "peak", peak_index
 
     # Pass 2: replay up to the reference moment, keeping who allocated each live address.
-    live: dict[int, tuple[int, list]] = {}
+    live: dict[int, tuple[int, int]] = {}
     touched: set[int] = set()
     level = baseline
-    for event in snapshot.trace(device):
-        if event.index > stop:
-            if event.action in ALLOC_ACTIONS or event.action in FREE_ACTIONS:
-                touched.add(event.addr)
-            continue
-        if event.action in ALLOC_ACTIONS:
-            live[event.addr] = (event.size, event.frames)
-            touched.add(event.addr)
-            level += event.size
-        elif event.action in FREE_ACTIONS:
-            live.pop(event.addr, None)
-            touched.add(event.addr)
-            level -= event.size
+    columns = zip(history.kind, history.addr, history.size, history.site, strict=True)
+    for index, (kind, addr, size, site) in enumerate(columns):
+        if kind == ALLOC:
+            touched.add(addr)
+            if index <= stop:
+                live[addr] = (size, site)
+                level += size
+        elif kind == FREE:
+            touched.add(addr)
+            if index <= stop:
+                live.pop(addr, None)
+                level -= size
     result.reference_bytes = level
     tracked = 0
-    for size, frames in live.values():
-        _add_site(result.sites, frames, size, cache)
+    for size, site in live.values():
+        _add_site(result.sites, snapshot.sites[site], size)
         tracked += size
     # Blocks alive now that the history never touched were alive all along: their stacks name their sites.
-    for block in snapshot.blocks():
-        if block.device == device and block.state.startswith("active") and block.address not in touched:
-            _add_site(result.sites, block.frames, block.size, cache)
+    for block in live_now:
+        if block.address not in touched:
+            _add_site(result.sites, block.site, block.size)
             tracked += block.size
     if level - tracked > 0:
         result.sites[BEFORE_HISTORY] = Site(BEFORE_HISTORY, level - tracked, 0)
     return result
+
+
+def _time_at(history: DeviceHistory, index: int) -> int | None:
+    if index < 0 or history.time_us[index] < 0:
+        return None
+    return history.time_us[index]
+
+
+def read_snapshot(path: str) -> MemorySnapshot:
+    """Read a snapshot file, folding each recorded stack to its allocation site as it is read."""
+    return load_snapshot(path, fold_frames)
+
+
+def snapshot_from_data(data: Any, path: str = "<memory>") -> MemorySnapshot:
+    """The same, for snapshot data already in memory (as `torch.cuda.memory._snapshot()` returns it)."""
+    return interpret(data, path, fold_frames)
 
 
 @dataclass

@@ -12,12 +12,12 @@ from torchtriage.analysis.memory import (
     build_memory_verdict,
     compare_reports,
     format_bytes,
+    read_snapshot,
 )
 from torchtriage.errors import InputError, UsageError
 from torchtriage.model import Verdict
 from torchtriage.report.json_report import render_json
 from torchtriage.report.text import render_text
-from torchtriage.sources.memory_snapshot import load_snapshot
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -106,11 +106,11 @@ def _write_html(path: str, verdict: Verdict, snapshots: list) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.html and os.path.isdir(args.html):
         raise UsageError(f"--html {args.html}: a folder; give a file name (e.g. memory.html).")
-    snapshot = load_snapshot(args.snapshot)
+    snapshot = read_snapshot(args.snapshot)
     report = analyse_snapshot(snapshot)
     drawn = [(snapshot, report)]
     if args.compare:
-        other = load_snapshot(args.compare)
+        other = read_snapshot(args.compare)
         other_report = analyse_snapshot(other)
         drawn.append((other, other_report))
         verdict = compare_reports(report, other_report)

@@ -91,14 +91,13 @@ def _traces(paths: list[str]) -> tuple[Verdict | None, str, list[str]]:
 
 
 def _snapshots(paths: list[str]) -> tuple[list[Verdict], str, list[str]]:
-    from torchtriage.analysis.memory import analyse_snapshot, build_memory_verdict
+    from torchtriage.analysis.memory import analyse_snapshot, build_memory_verdict, read_snapshot
     from torchtriage.report.html import esc, memory_sections, memory_series, verdict_block
-    from torchtriage.sources.memory_snapshot import load_snapshot
 
     verdicts, body, problems = [], [], []
     for number, path in enumerate(paths):
         try:
-            snapshot = load_snapshot(path)
+            snapshot = read_snapshot(path)
         except TriageError as err:
             problems.append(str(err))
             continue

@@ -216,16 +216,12 @@ def memory_series(snapshot: Any, device: Any, points: int = 800) -> dict[str, An
     the DeviceMemory of its analysis. (It belongs beside `analyse_device`; it lives here while only the
     HTML uses it.)
     """
-    from torchtriage.sources.memory_snapshot import (
-        ALLOC_ACTIONS,
-        FREE_ACTIONS,
-        SEGMENT_ALLOC_ACTIONS,
-        SEGMENT_FREE_ACTIONS,
-    )
+    from torchtriage.sources.memory_snapshot import ALLOC, FREE, OOM, SEGMENT_ALLOC, SEGMENT_FREE
 
     events = device.history_events
     if not events:
         return None
+    history = snapshot.history(device.device)
     bucket = max(1, -(-events // points))
     index: list[int] = []
     allocated: list[int] = []
@@ -233,22 +229,21 @@ def memory_series(snapshot: Any, device: Any, points: int = 800) -> dict[str, An
     level = reserved_level = 0
     high = high_reserved = None
     oom_index = None
-    for event in snapshot.trace(device.device):
-        action = event.action
-        if action in ALLOC_ACTIONS:
-            level += event.size
-        elif action in FREE_ACTIONS:
-            level -= event.size
-        elif action in SEGMENT_ALLOC_ACTIONS:
-            reserved_level += event.size
-        elif action in SEGMENT_FREE_ACTIONS:
-            reserved_level -= event.size
-        elif action == "oom":
-            oom_index = event.index
-        high = level if high is None else max(high, level)
-        high_reserved = reserved_level if high_reserved is None else max(high_reserved, reserved_level)
-        if event.index % bucket == bucket - 1:
-            index.append(event.index)
+    for event, (kind, size) in enumerate(zip(history.kind, history.size, strict=True)):
+        if kind == ALLOC:
+            level += size
+        elif kind == FREE:
+            level -= size
+        elif kind == SEGMENT_ALLOC:
+            reserved_level += size
+        elif kind == SEGMENT_FREE:
+            reserved_level -= size
+        elif kind == OOM:
+            oom_index = event
+        high = level if high is None or level > high else high
+        high_reserved = reserved_level if high_reserved is None or reserved_level > high_reserved else high_reserved
+        if event % bucket == bucket - 1:
+            index.append(event)
             allocated.append(high)
             reserved.append(high_reserved)
             high = high_reserved = None

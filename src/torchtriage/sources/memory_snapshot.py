@@ -1,11 +1,14 @@
-"""CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot`), read safely and iterated lazily.
+"""CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot`), read safely into a lean form.
 
-The pickle holds plain data only, so it goes through the restricted unpickler (never `pickle.load`).
-The loaded dict is walked with generators that yield small records one at a time: a snapshot of
-gigabytes is never copied into a second structure.
+The pickle holds plain data only, so it is never given to `pickle.load`. A snapshot of gigabytes is
+almost all history: one dict per allocator event, each with its stack as a list of frame dicts. Held
+as Python objects that is about nine times the file, so the file is read as a stream
+(`pickle_stream`): each event is reduced, as it is read, to five numbers in typed arrays and the index
+of its *site*, the result of the caller's `fold` of its stack (identical stacks are folded once).
+What stays in memory is a few dozen bytes per event, whatever the depth of the stacks.
 
 Formats tolerated:
-- torch ≥ 2.1: `{"segments": [...], "device_traces": [[event, ...] per device], ...}`, blocks with
+- torch >= 2.1: `{"segments": [...], "device_traces": [[event, ...] per device], ...}`, blocks with
   `frames` (and `requested_size`), trace events with `action`, `addr`, `size`, `frames`;
 - torch 2.0: blocks carry `history: [{"addr", "real_size", "frames"}]` instead of `frames`;
 - torch 1.x `torch.cuda.memory_snapshot()` output: a bare list of segments, no trace.
@@ -13,36 +16,37 @@ Formats tolerated:
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
+import gzip
+import io
+from array import array
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 
 from torchtriage.errors import InputError
+from torchtriage.sources.pickle_stream import FlatList, SharedContainer, Sink, StreamingUnpickler
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 
-# Trace actions, by what they do to allocated (`alloc`/`free`) and reserved (`segment`) memory.
-ALLOC_ACTIONS = frozenset({"alloc"})
-FREE_ACTIONS = frozenset({"free_completed", "free"})  # "free" in snapshots older than torch 2.1
-SEGMENT_ALLOC_ACTIONS = frozenset({"segment_alloc", "segment_map"})
-SEGMENT_FREE_ACTIONS = frozenset({"segment_free", "segment_unmap"})
-KNOWN_ACTIONS = (
-    ALLOC_ACTIONS
-    | FREE_ACTIONS
-    | SEGMENT_ALLOC_ACTIONS
-    | SEGMENT_FREE_ACTIONS
-    | {
-        "free_requested",
-        "oom",
-        "snapshot",
-    }
-)
+# What each trace action does: to allocated memory (`alloc`, `free*`), to reserved memory (`segment_*`).
+ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, OOM, OTHER = range(6)
+ACTION_KINDS = {
+    "alloc": ALLOC,
+    "free_completed": FREE,
+    "free": FREE,  # before torch 2.1
+    "segment_alloc": SEGMENT_ALLOC,
+    "segment_map": SEGMENT_ALLOC,
+    "segment_free": SEGMENT_FREE,
+    "segment_unmap": SEGMENT_FREE,
+    "oom": OOM,
+    "free_requested": OTHER,
+    "snapshot": OTHER,
+}
+# Unknown actions are looked for among the first events of each device only: enough to notice a newer format.
+_ACTIONS_CHECKED = 1000
+_STACK_CACHE_LIMIT = 100_000
+_NO_TIME = -1
 
-
-class Frame(NamedTuple):
-    filename: str
-    line: int
-    name: str
+Fold = Callable[[list], Hashable]
 
 
 class Block(NamedTuple):
@@ -52,17 +56,17 @@ class Block(NamedTuple):
     size: int
     requested_size: int
     state: str  # "active_allocated" | "active_pending_free" | "inactive"
-    frames: list  # raw frame dicts, innermost first (folded by the analysis)
+    site: Any  # the caller's fold of the block's stack
 
 
 class TraceEvent(NamedTuple):
     index: int
-    action: str
+    kind: int  # ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, OOM or OTHER
     addr: int
     size: int
     time_us: int | None
-    device_free: int | None  # only on "oom"
-    frames: list
+    device_free: int | None  # only on an OOM
+    site: Any
 
 
 @dataclass(frozen=True)
@@ -78,90 +82,65 @@ class SegmentInfo:
 
 
 @dataclass
+class DeviceHistory:
+    """One device's recorded events, as columns: event i is (kind[i], addr[i], size[i], time_us[i], site[i])."""
+
+    kind: array = field(default_factory=lambda: array("B"))
+    addr: array = field(default_factory=lambda: array("q"))
+    size: array = field(default_factory=lambda: array("q"))
+    time_us: array = field(default_factory=lambda: array("q"))  # -1 where the event has no time
+    site: array = field(default_factory=lambda: array("i"))  # an index into MemorySnapshot.sites
+    device_free: dict[int, int] = field(default_factory=dict)  # by event index, for OOM events
+
+    def __len__(self) -> int:
+        return len(self.kind)
+
+
+@dataclass
 class MemorySnapshot:
-    """A loaded snapshot: the raw plain data plus what was learned about its format."""
+    """A snapshot reduced to what the analysis needs: segments, live blocks, and each device's history."""
 
     path: str
-    raw: dict[str, Any]
     format: str  # "torch>=2.1", "torch-2.0", "segments-only"
+    segments: list[SegmentInfo] = field(default_factory=list)
+    block_list: list[Block] = field(default_factory=list)
+    histories: dict[int, DeviceHistory] = field(default_factory=dict)
+    sites: list[Any] = field(default_factory=list)  # folded stacks, each stored once
     allocator_settings: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
 
-    # -- lazy views: generators over the raw data, nothing copied --
-    def segments(self) -> Iterator[dict[str, Any]]:
-        for segment in self.raw.get("segments") or ():
-            if isinstance(segment, dict):
-                yield segment
-
     def segment_infos(self) -> Iterator[SegmentInfo]:
-        for segment in self.segments():
-            blocks = segment.get("blocks") or ()
-            allocated = segment.get("allocated_size")
-            if allocated is None:
-                allocated = sum(_int(b.get("size")) for b in blocks if str(b.get("state", "")).startswith("active"))
-            largest_free = max((_int(b.get("size")) for b in blocks if b.get("state") == "inactive"), default=0)
-            yield SegmentInfo(
-                device=_int(segment.get("device")),
-                address=_int(segment.get("address")),
-                total_size=_int(segment.get("total_size")),
-                allocated_size=_int(allocated),
-                stream=_int(segment.get("stream")),
-                segment_type=str(segment.get("segment_type", "")),
-                is_expandable=bool(segment.get("is_expandable", False)),
-                largest_free_block=largest_free,
-            )
+        return iter(self.segments)
 
     def blocks(self) -> Iterator[Block]:
-        for segment in self.segments():
-            device = _int(segment.get("device"))
-            seg_address = _int(segment.get("address"))
-            address = seg_address
-            for block in segment.get("blocks") or ():
-                if not isinstance(block, dict):
-                    continue
-                size = _int(block.get("size"))
-                frames = block.get("frames")
-                if frames is None:  # torch 2.0: the stack lives in the block's history
-                    history = block.get("history") or ()
-                    frames = history[-1].get("frames", []) if history and isinstance(history[-1], dict) else []
-                yield Block(
-                    device=device,
-                    segment_address=seg_address,
-                    address=_int(block.get("address", address)),
-                    size=size,
-                    requested_size=_int(block.get("requested_size", size)),
-                    state=str(block.get("state", "unknown")),
-                    frames=frames if isinstance(frames, list) else [],
-                )
-                address += size
+        return iter(self.block_list)
 
     def devices_with_traces(self) -> list[int]:
-        traces = self.raw.get("device_traces") or []
-        return [device for device, trace in enumerate(traces) if trace]
+        return sorted(device for device, history in self.histories.items() if len(history))
 
     def has_history(self) -> bool:
         return bool(self.devices_with_traces())
 
+    def history(self, device: int) -> DeviceHistory:
+        return self.histories.get(device) or DeviceHistory()
+
     def trace(self, device: int) -> Iterator[TraceEvent]:
-        traces = self.raw.get("device_traces") or []
-        if device >= len(traces):
-            return
-        for index, event in enumerate(traces[device] or ()):
-            if not isinstance(event, dict):
-                continue
-            frames = event.get("frames")
+        history = self.history(device)
+        sites = self.sites
+        columns = zip(history.kind, history.addr, history.size, history.time_us, history.site, strict=True)
+        for index, (kind, addr, size, time_us, site) in enumerate(columns):
             yield TraceEvent(
-                index=index,
-                action=str(event.get("action", "")),
-                addr=_int(event.get("addr")),
-                size=_int(event.get("size")),
-                time_us=event.get("time_us"),
-                device_free=event.get("device_free"),
-                frames=frames if isinstance(frames, list) else [],
+                index,
+                kind,
+                addr,
+                size,
+                None if time_us == _NO_TIME else time_us,
+                history.device_free.get(index),
+                sites[site],
             )
 
     def devices(self) -> list[int]:
-        found = {_int(s.get("device")) for s in self.segments()}
+        found = {segment.device for segment in self.segments}
         found.update(self.devices_with_traces())
         return sorted(found)
 
@@ -169,30 +148,170 @@ class MemorySnapshot:
 def _int(value: Any) -> int:
     try:
         return int(value or 0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return 0
 
 
-def frame_of(raw: Any) -> Frame | None:
-    if not isinstance(raw, dict):
-        return None
-    return Frame(str(raw.get("filename", "")), _int(raw.get("line")), str(raw.get("name", "")))
+class _Builder:
+    """Reduces segments and events, one at a time, to a MemorySnapshot."""
 
+    def __init__(self, path: str, fold: Fold) -> None:
+        self.snapshot = MemorySnapshot(path, "torch>=2.1")
+        self._fold = fold
+        self._site_index: dict[Hashable, int] = {}
+        self._stacks: dict[tuple, int] = {}
+        self._unknown_actions: set[str] = set()
+        self._saw_segments = False
 
-def interpret(data: Any, path: str = "<memory>") -> MemorySnapshot:
-    """Recognise the snapshot format of already unpickled data (a pure function, tested on data)."""
-    if isinstance(data, list):
-        if all(isinstance(s, dict) and "blocks" in s for s in data[:10]):
-            return MemorySnapshot(
-                path,
-                {"segments": data, "device_traces": []},
-                "segments-only",
-                problems=[
-                    "this snapshot has no allocation history (torch.cuda.memory_snapshot() of an old torch, or "
-                    "_record_memory_history was not enabled): no peak, no OOM event, no allocation timeline"
-                ],
+    # -- sites --
+    def _site(self, frames: Any) -> int:
+        if isinstance(frames, FlatList):  # identical stacks read as one shared object: fold it once
+            if frames.tag is None:
+                frames.tag = self._intern(frames.items)
+            return frames.tag
+        if not isinstance(frames, list):
+            frames = []
+        key = tuple((f.get("filename"), f.get("line"), f.get("name")) if isinstance(f, dict) else None for f in frames)
+        index = self._stacks.get(key)
+        if index is None:
+            if len(self._stacks) >= _STACK_CACHE_LIMIT:
+                self._stacks.clear()
+            index = self._stacks[key] = self._intern(frames)
+        return index
+
+    def _intern(self, frames: list) -> int:
+        folded = self._fold(frames)
+        index = self._site_index.get(folded)
+        if index is None:
+            index = self._site_index[folded] = len(self.snapshot.sites)
+            self.snapshot.sites.append(folded)
+        return index
+
+    # -- segments and their blocks --
+    def add_segment(self, segment: Any) -> None:
+        if not isinstance(segment, dict):
+            raise InputError(f"{self.snapshot.path}: a segment is a {type(segment).__name__}, not a dict: "
+                             "not a CUDA memory snapshot.")  # fmt: skip
+        self._saw_segments = True
+        device = _int(segment.get("device"))
+        seg_address = _int(segment.get("address"))
+        address = seg_address
+        allocated = largest_free = 0
+        blocks = segment.get("blocks")
+        blocks = blocks.items if isinstance(blocks, FlatList) else blocks if isinstance(blocks, list) else []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            size = _int(block.get("size"))
+            state = str(block.get("state", "unknown"))
+            frames = block.get("frames")
+            if frames is None and "history" in block:  # torch 2.0: the stack lives in the block's history
+                self.snapshot.format = "torch-2.0"
+                history = block.get("history") or ()
+                frames = history[-1].get("frames", []) if history and isinstance(history[-1], dict) else []
+            if state.startswith("active"):
+                allocated += size
+                self.snapshot.block_list.append(
+                    Block(
+                        device,
+                        seg_address,
+                        _int(block.get("address", address)),
+                        size,
+                        _int(block.get("requested_size", size)),
+                        state,
+                        self.snapshot.sites[self._site(frames)],
+                    )
+                )
+            elif state == "inactive":
+                largest_free = max(largest_free, size)
+            address += size
+        reported = segment.get("allocated_size")
+        self.snapshot.segments.append(
+            SegmentInfo(
+                device=device,
+                address=seg_address,
+                total_size=_int(segment.get("total_size")),
+                allocated_size=allocated if reported is None else _int(reported),
+                stream=_int(segment.get("stream")),
+                segment_type=str(segment.get("segment_type", "")),
+                is_expandable=bool(segment.get("is_expandable", False)),
+                largest_free_block=largest_free,
             )
-        raise InputError(f"{path}: a list, but not a list of allocator segments: not a CUDA memory snapshot.")
+        )
+
+    # -- history --
+    def add_event(self, device: int, event: Any) -> None:
+        if not isinstance(event, dict):
+            return
+        history = self.snapshot.histories.get(device)
+        if history is None:
+            history = self.snapshot.histories[device] = DeviceHistory()
+        action = event.get("action")
+        kind = ACTION_KINDS.get(action) if isinstance(action, str) else None
+        if kind is None:
+            kind = OTHER
+            if len(history) < _ACTIONS_CHECKED:
+                self._unknown_actions.add(str(action))
+        time_us = event.get("time_us")
+        history.kind.append(kind)
+        history.addr.append(_clamp(event.get("addr")))
+        history.size.append(_clamp(event.get("size")))
+        history.time_us.append(_clamp(time_us) if time_us is not None else _NO_TIME)
+        history.site.append(self._site(event.get("frames")))
+        if kind == OOM and event.get("device_free") is not None:
+            history.device_free[len(history) - 1] = _int(event.get("device_free"))
+
+    def finish(self, rest: dict[str, Any], segments_only: bool = False) -> MemorySnapshot:
+        snapshot = self.snapshot
+        settings = rest.get("allocator_settings")
+        snapshot.allocator_settings = settings if isinstance(settings, dict) else {}
+        if segments_only:
+            snapshot.format = "segments-only"
+            snapshot.problems.append(
+                "this snapshot has no allocation history (torch.cuda.memory_snapshot() of an old torch, or "
+                "_record_memory_history was not enabled): no peak, no OOM event, no allocation timeline"
+            )
+            return snapshot
+        if self._unknown_actions:
+            snapshot.problems.append(
+                "trace actions this version of torchtriage does not know were ignored: "
+                f"{', '.join(sorted(self._unknown_actions))} (a snapshot from a newer torch?)"
+            )
+        if not snapshot.has_history():
+            snapshot.problems.append(
+                "no allocation history in this snapshot (enable it with "
+                "torch.cuda.memory._record_memory_history(max_entries=100000) before the failure): "
+                "no peak, no OOM event, sites are those of the blocks alive when it was taken"
+            )
+        return snapshot
+
+
+def _clamp(value: Any) -> int:
+    """An int64 column value: addresses, sizes and times always fit; anything else reads as 0."""
+    number = _int(value)
+    return number if -(1 << 63) <= number < (1 << 63) else 0
+
+
+# -- from already unpickled data (small files, and data built in memory) --
+def interpret(data: Any, path: str, fold: Fold) -> MemorySnapshot:
+    """Recognise and reduce already unpickled snapshot data (a pure function, tested on data)."""
+    builder = _Builder(path, fold)
+    if isinstance(data, list):
+        if not all(isinstance(s, dict) and "blocks" in s for s in data[:10]):
+            raise InputError(f"{path}: a list, but not a list of allocator segments: not a CUDA memory snapshot.")
+        for segment in data:
+            builder.add_segment(segment)
+        return builder.finish({}, segments_only=True)
+    _check_top_level(data, path)
+    for segment in data.get("segments") or ():
+        builder.add_segment(segment)
+    for device, trace in enumerate(data.get("device_traces") or ()):
+        for event in trace:
+            builder.add_event(device, event)
+    return builder.finish(data)
+
+
+def _check_top_level(data: Any, path: str) -> None:
     if not isinstance(data, dict):
         raise InputError(
             f"{path}: the pickle holds a {type(data).__name__}, not a CUDA memory snapshot (expected a dict with "
@@ -204,61 +323,141 @@ def interpret(data: Any, path: str = "<memory>") -> MemorySnapshot:
             f"{path}: not a CUDA memory snapshot: no 'segments' or 'device_traces' key (its keys: {keys}). "
             "Is this a flight-recorder dump? Try `torchtriage fr` on it."
         )
-    segments = data.get("segments")
-    traces = data.get("device_traces")
+    segments, traces = data.get("segments"), data.get("device_traces")
     if segments is not None and not isinstance(segments, list):
         raise InputError(f"{path}: 'segments' is a {type(segments).__name__}, not a list: an unknown snapshot format.")
     if traces is not None and (not isinstance(traces, list) or any(not isinstance(t, list) for t in traces)):
         raise InputError(f"{path}: 'device_traces' is not a list of per-device lists: an unknown snapshot format.")
-    problems: list[str] = []
-    fmt = "torch>=2.1"
-    first_block = next((b for s in segments or () if isinstance(s, dict) for b in s.get("blocks") or ()), None)
-    if isinstance(first_block, dict) and "history" in first_block and "frames" not in first_block:
-        fmt = "torch-2.0"
-    unknown = set()
-    for trace in traces or ():
-        for event in trace[:1000]:
-            action = event.get("action") if isinstance(event, dict) else None
-            if action not in KNOWN_ACTIONS:
-                unknown.add(str(action))
-    if unknown:
-        problems.append(
-            f"trace actions this version of torchtriage does not know were ignored: {', '.join(sorted(unknown))} "
-            "(a snapshot from a newer torch?)"
-        )
-    if not traces or not any(traces):
-        problems.append(
-            "no allocation history in this snapshot (enable it with "
-            "torch.cuda.memory._record_memory_history(max_entries=100000) before the failure): "
-            "no peak, no OOM event, sites are those of the blocks alive when it was taken"
-        )
-    settings = data.get("allocator_settings")
-    return MemorySnapshot(path, data, fmt, settings if isinstance(settings, dict) else {}, problems)
 
 
-def load_snapshot(path: str) -> MemorySnapshot:
-    """Read and recognise one snapshot file; every failure is an InputError naming the file."""
+# -- from a file, as a stream --
+class _SegmentSink(Sink):
+    __slots__ = ("builder",)
+
+    def __init__(self, builder: _Builder) -> None:
+        super().__init__()
+        self.builder = builder
+
+    def take(self, items: list) -> None:
+        for segment in items:
+            self.builder.add_segment(segment)
+
+
+class _EventSink(Sink):
+    __slots__ = ("builder", "device")
+
+    def __init__(self, builder: _Builder, device: int) -> None:
+        super().__init__()
+        self.builder, self.device = builder, device
+
+    def take(self, items: list) -> None:
+        add, device = self.builder.add_event, self.device
+        for event in items:
+            add(device, event)
+
+
+class _TraceLists(Sink):
+    """`device_traces`: its items are the per-device event sinks, already consumed."""
+
+    __slots__ = ("taken",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.taken = 0
+
+    def take(self, items: list) -> None:
+        if any(not isinstance(item, _EventSink) for item in items):
+            raise PickleError("'device_traces' holds something other than per-device lists")
+        self.taken += len(items)
+
+
+class _SnapshotReader(StreamingUnpickler):
+    """Puts sinks where the snapshot's `segments` and per-device traces would be built."""
+
+    def __init__(self, stream: BinaryIO, builder: _Builder) -> None:
+        super().__init__(stream)
+        self.builder = builder
+
+    def new_list(self) -> list:
+        stack, metastack = self.stack, self.metastack
+        # A per-device trace: an item of `device_traces`, appended alone (APPEND) or in a batch (MARK ... APPENDS).
+        if stack and type(stack[-1]) is _TraceLists:
+            return self._sink(_EventSink(self.builder, stack[-1].taken))
+        if metastack and metastack[-1] and type(metastack[-1][-1]) is _TraceLists:
+            return self._sink(_EventSink(self.builder, metastack[-1][-1].taken + len(stack)))
+        key = self._top_level_key()
+        if key == "segments":
+            return self._sink(_SegmentSink(self.builder))
+        if key == "device_traces":
+            return self._sink(_TraceLists())
+        return []
+
+    def _sink(self, sink: Sink) -> Sink:
+        self.streaming = True
+        return sink
+
+    def _top_level_key(self) -> Any:
+        """The key whose value is being built, when it is a value of the top-level dict."""
+        stack, metastack = self.stack, self.metastack
+        if len(metastack) == 1 and len(metastack[0]) == 1 and type(metastack[0][0]) is dict and len(stack) % 2:
+            return stack[-1]  # inside the top-level SETITEMS batch: key, value, ..., key
+        if not metastack and len(stack) == 2 and type(stack[0]) is dict:
+            return stack[1]  # a one-key dict: SETITEM
+        return None
+
+
+def load_snapshot(path: str, fold: Fold) -> MemorySnapshot:
+    """Read one snapshot file, reducing each stack with `fold`; every failure is an InputError naming the file."""
     try:
         with open(path, "rb") as handle:
-            data = handle.read()
+            head = handle.read(4096)
+            gzipped = head[:2] == b"\x1f\x8b"
+            if gzipped:
+                head = _gunzip_head(path, handle)
+            if head[:1] in (b"{", b"["):
+                raise InputError(
+                    f"{path}: this is JSON, not a pickled memory snapshot; a profiler trace? "
+                    f"Try `torchtriage trace {path}`."
+                )
+            if not head:
+                raise InputError(f"{path}: cannot be read as a memory snapshot: the file is empty.")
+            handle.seek(0)
+            stream: BinaryIO = gzip.GzipFile(fileobj=handle) if gzipped else handle  # type: ignore[assignment]
+            # Snapshots stream; anything else (an old bare list of segments, another pickle) is small or not
+            # a snapshot at all, and the C unpickler reads it faster and says what it is.
+            if b"segments" in head or b"device_traces" in head:
+                try:
+                    return _stream(stream, path, fold)
+                except SharedContainer:
+                    handle.seek(0)
+                    stream = gzip.GzipFile(fileobj=handle) if gzipped else handle  # type: ignore[assignment]
+            data = safe_loads(stream.read())
     except IsADirectoryError:
         raise InputError(f"{path}: a folder; give the snapshot file (the .pickle written by _dump_snapshot).") from None
-    except OSError as err:
-        raise InputError(f"{path}: cannot read it ({err.strerror or err}).") from None
-    if data[:2] == b"\x1f\x8b":
-        import gzip
-
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as err:
+    except (OSError, EOFError) as err:
+        if isinstance(err, gzip.BadGzipFile) or isinstance(err, EOFError):
             raise InputError(f"{path}: a gzip file that cannot be decompressed ({err}); is it truncated?") from None
-    if data[:1] in (b"{", b"["):
-        raise InputError(
-            f"{path}: this is JSON, not a pickled memory snapshot; a profiler trace? Try `torchtriage trace {path}`."
-        )
-    try:
-        value = safe_loads(data)
+        raise InputError(f"{path}: cannot read it ({getattr(err, 'strerror', None) or err}).") from None
     except PickleError as err:
-        raise InputError(f"{os.fspath(path)}: cannot be read as a memory snapshot: {err}.") from None
-    del data
-    return interpret(value, path)
+        raise InputError(f"{path}: cannot be read as a memory snapshot: {err}.") from None
+    return interpret(data, path, fold)
+
+
+def _gunzip_head(path: str, handle: BinaryIO) -> bytes:
+    handle.seek(0)
+    try:
+        return gzip.GzipFile(fileobj=handle).read(4096)
+    except (OSError, EOFError) as err:
+        raise InputError(f"{path}: a gzip file that cannot be decompressed ({err}); is it truncated?") from None
+
+
+def _stream(stream: BinaryIO, path: str, fold: Fold) -> MemorySnapshot:
+    builder = _Builder(path, fold)
+    reader = _SnapshotReader(io.BufferedReader(stream) if not hasattr(stream, "peek") else stream, builder)
+    top = reader.load()
+    if not isinstance(top, dict) or not (
+        isinstance(top.get("segments"), _SegmentSink) or isinstance(top.get("device_traces"), _TraceLists)
+    ):
+        # "segments" appeared near the start but not as a snapshot's key: judge the data as it is.
+        return interpret(top, path, fold)
+    return builder.finish(top)

@@ -1,0 +1,585 @@
+"""A restricted pickle reader that streams: for plain-data pickles too large to hold as Python objects.
+
+`safe_pickle` hands the whole file to the C unpickler, which is fast but builds every object: a CUDA
+memory snapshot of 1 GB becomes about 9 GB of dicts, mostly the stack frames of its history events.
+This reader runs the pickle machine itself, over a file read in chunks, and lets its caller replace
+chosen lists by *sinks*: a sink receives its items as they are appended and keeps what it wants
+(a few numbers per event), so the history never exists as a whole.
+
+Safety is that of `safe_pickle`: only the opcodes that build plain data (containers, strings, bytes,
+numbers, booleans, None) are executed; any opcode that would name a global, call a callable or reach
+outside the data is refused, so nothing in the file can run code.
+
+Speed: a Python loop costs about a microsecond per opcode, and a snapshot has a few opcodes per byte.
+Inside sinks the common item, a dict of scalars and lists of such dicts (an allocation event with its
+stack frames), is recognised by one regular expression instead. A stack recurs thousands of times with
+identical bytes (its strings are references into the memo), so a stack's bytes are decoded once and
+its frames shared through a small cache. Anything the pattern does not cover (a string seen for the
+first time, a FRAME boundary, another protocol) goes through the opcode loop, which handles every case.
+"""
+
+from __future__ import annotations
+
+import codecs
+import re
+import struct
+from collections.abc import Callable
+from typing import Any, BinaryIO
+
+from torchtriage.sources.safe_pickle import PickleCorrupt, PickleError, PickleRefused
+
+__all__ = ["Sink", "FlatList", "StreamingUnpickler", "SharedContainer"]
+
+_CHUNK = 1 << 20
+# Bytes kept ahead of the cursor before an item is matched as a whole: an item larger than this (a stack
+# of thousands of frames) is simply read by the opcode loop.
+_LOOKAHEAD = 256 << 10
+_SPAN_CACHE_LIMIT = 100_000
+
+_REFUSED = {
+    b"c"[0]: "GLOBAL",
+    b"\x93"[0]: "STACK_GLOBAL",
+    b"R"[0]: "REDUCE",
+    b"b"[0]: "BUILD",
+    b"i"[0]: "INST",
+    b"o"[0]: "OBJ",
+    b"\x81"[0]: "NEWOBJ",
+    b"\x92"[0]: "NEWOBJ_EX",
+    b"\x82"[0]: "EXT1",
+    b"\x83"[0]: "EXT2",
+    b"\x84"[0]: "EXT4",
+    b"P"[0]: "PERSID",
+    b"Q"[0]: "BINPERSID",
+    b"\x97"[0]: "NEXT_BUFFER",
+    b"\x98"[0]: "READONLY_BUFFER",
+}
+
+# -- the pattern of a plain item: a dict whose values are scalars or lists of dicts of scalars --
+_GET = rb"(?:h.|j....)"
+_LONG1 = rb"\x8a(?:\x00|\x01.|\x02..|\x03...|\x04....|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"
+_SCALAR = rb"(?:" + _GET + rb"|K.|M..|J....|" + _LONG1 + rb"|N|\x88|\x89|G.{8})"
+_PAIR = _GET + _SCALAR
+_FLAT_DICT = rb"\}\x94(?:\((?:" + _PAIR + rb")+u|" + _PAIR + rb"s)?"
+_FLAT_LIST_PATTERN = rb"\]\x94(?:(?:\((?:" + _FLAT_DICT + rb")+e)+|" + _FLAT_DICT + rb"a)?"
+_FLAT_LIST = re.compile(_FLAT_LIST_PATTERN, re.DOTALL)
+_ITEM_HEAD = re.compile(rb"\}\x94\(((?:" + _PAIR + rb")*)", re.DOTALL)
+_ITEM_PAIR = re.compile(rb"(" + _GET + rb")(" + _SCALAR + rb")", re.DOTALL)
+_LIST_KEY = re.compile(_GET + rb"(?=\]\x94)", re.DOTALL)
+# Tokens whose value depends only on their bytes and which recur: memo references, BININT1, BININT2, constants.
+_CACHEABLE = frozenset(b"hjKMN\x88\x89")
+_MISSING = object()
+_FLAT_TOKEN = re.compile(
+    rb"(" + _GET + rb"|K.|M..|J....|" + _LONG1 + rb"|N|\x88|\x89|G.{8})|([\]\}\(\x94euas])", re.DOTALL
+)
+_UNPACK_BINFLOAT = struct.Struct(">d").unpack
+
+
+class SharedContainer(PickleError):
+    """The pickle refers back to a container a sink already consumed; read it whole instead."""
+
+
+class Sink(list):
+    """A list the reader never fills: `take` receives the items appended to it, in order."""
+
+    __slots__ = ()
+
+    def take(self, items: list) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class FlatList:
+    """A list of plain dicts matched as one span: its items, shared by every identical span."""
+
+    __slots__ = ("items", "containers", "tag")
+
+    def __init__(self, items: list, containers: int) -> None:
+        self.items = items
+        self.containers = containers  # the MEMOIZE opcodes inside the span
+        self.tag: Any = None  # for the consumer: whatever it derived from the items, computed once
+
+
+class StreamingUnpickler:
+    """Unpickle plain data from `stream`; override `new_list` to put sinks where lists would be."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = _Unframed(stream)
+        self._buf = b""
+        self._pos = 0
+        self._eof = False
+        self._safe_end = -1  # below this, at least _LOOKAHEAD bytes (or all that is left) are in the buffer
+        self._real_end = 0
+        self.stack: list = []
+        self.metastack: list = []
+        self._memo: dict[int, Any] = {}
+        self._memo_next = 0
+        self.streaming = False  # set once a sink exists: containers from then on are not memoized
+        self._spans: dict[bytes, FlatList] = {}
+        self._tokens: dict[bytes, Any] = {}
+
+    # -- to override --
+    def new_list(self) -> list:
+        """The object an EMPTY_LIST opcode pushes; `self.stack` and `self.metastack` show the context."""
+        return []
+
+    # -- the buffer --
+    def _refill(self, need: int = _LOOKAHEAD) -> None:
+        parts = [self._buf[self._pos :]]
+        have = len(parts[0])
+        while have < need + _LOOKAHEAD and not self._eof:
+            chunk = self._stream.read(_CHUNK)
+            if not chunk:
+                self._eof = True
+                break
+            parts.append(chunk)
+            have += len(chunk)
+        self._buf = b"".join(parts)
+        self._pos = 0
+        self._real_end = len(self._buf)
+        self._safe_end = -1 if self._eof else self._real_end - _LOOKAHEAD
+
+    def _read(self, n: int) -> bytes:
+        if n < 0:
+            raise PickleCorrupt("the pickle is corrupt (a negative length)")
+        if self._pos + n > self._real_end:
+            self._refill(n)
+            if n > self._real_end:
+                raise _Truncated
+        data = self._buf[self._pos : self._pos + n]
+        self._pos += n
+        return data
+
+    def _readline(self) -> bytes:
+        end = self._buf.find(b"\n", self._pos)
+        while end < 0:
+            if self._eof:
+                raise _Truncated
+            self._refill(self._real_end - self._pos + _CHUNK)
+            end = self._buf.find(b"\n", self._pos)
+        line = self._buf[self._pos : end]
+        self._pos = end + 1
+        return line
+
+    # -- the machine --
+    def load(self) -> Any:
+        try:
+            return self._run()
+        except PickleError:
+            raise
+        except _Truncated:
+            raise PickleCorrupt(
+                "the pickle is truncated: it ends before its STOP opcode (cut off while being written or copied?)"
+            ) from None
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, struct.error) as err:
+            raise PickleCorrupt(f"the pickle is corrupt ({type(err).__name__}: {err})") from None
+
+    def _run(self) -> Any:  # noqa: C901 - one dispatch on the opcode, ordered by frequency
+        from_bytes = int.from_bytes
+        while True:
+            if self._pos >= self._safe_end:
+                if self._pos >= self._real_end:
+                    if self._eof:
+                        raise _Truncated
+                    self._refill()
+                    if self._pos >= self._real_end:
+                        raise _Truncated
+                elif not self._eof:
+                    self._refill()
+            buf = self._buf
+            op = buf[self._pos]
+            self._pos += 1
+            if op == 0x68:  # BINGET
+                self.stack.append(self._get(self._read(1)[0]))
+            elif op == 0x94:  # MEMOIZE
+                self._put(self._memo_next, self.stack[-1])
+            elif op == 0x28:  # MARK
+                self.metastack.append(self.stack)
+                self.stack = []
+            elif op == 0x7D:  # EMPTY_DICT
+                if self.streaming and self._match_item():
+                    continue
+                self.stack.append({})
+            elif op == 0x5D:  # EMPTY_LIST
+                self.stack.append(self.new_list())
+            elif op == 0x75:  # SETITEMS
+                items = self._pop_mark()
+                target = self.stack[-1]
+                for i in range(0, len(items) - 1, 2):
+                    target[items[i]] = items[i + 1]
+            elif op == 0x73:  # SETITEM
+                value = self.stack.pop()
+                key = self.stack.pop()
+                self.stack[-1][key] = value
+            elif op == 0x65:  # APPENDS
+                items = self._pop_mark()
+                self._append(self.stack[-1], items)
+            elif op == 0x61:  # APPEND
+                value = self.stack.pop()
+                self._append(self.stack[-1], [value])
+            elif op == 0x4B:  # BININT1
+                self.stack.append(self._read(1)[0])
+            elif op == 0x4D:  # BININT2
+                self.stack.append(from_bytes(self._read(2), "little"))
+            elif op == 0x4A:  # BININT
+                self.stack.append(from_bytes(self._read(4), "little", signed=True))
+            elif op == 0x8A:  # LONG1
+                self.stack.append(from_bytes(self._read(self._read(1)[0]), "little", signed=True))
+            elif op == 0x8C:  # SHORT_BINUNICODE
+                self.stack.append(self._read(self._read(1)[0]).decode("utf-8", "surrogatepass"))
+            elif op == 0x58:  # BINUNICODE
+                self.stack.append(self._read(from_bytes(self._read(4), "little")).decode("utf-8", "surrogatepass"))
+            elif op == 0x8D:  # BINUNICODE8
+                self.stack.append(self._read(from_bytes(self._read(8), "little")).decode("utf-8", "surrogatepass"))
+            elif op == 0x6A:  # LONG_BINGET
+                self.stack.append(self._get(from_bytes(self._read(4), "little")))
+            elif op == 0x4E:  # NONE
+                self.stack.append(None)
+            elif op == 0x88:  # NEWTRUE
+                self.stack.append(True)
+            elif op == 0x89:  # NEWFALSE
+                self.stack.append(False)
+            elif op == 0x47:  # BINFLOAT
+                self.stack.append(_UNPACK_BINFLOAT(self._read(8))[0])
+            elif op == 0x95:  # FRAME: a length prefix for prefetching, nothing to do here
+                self._read(8)
+            elif op == 0x80:  # PROTO
+                if self._read(1)[0] > pickle_highest_protocol():
+                    raise PickleCorrupt("the pickle uses a protocol newer than this Python knows")
+            elif op == 0x2E:  # STOP
+                value = self.stack.pop()
+                return value
+            else:
+                self._rare(op)
+
+    def _rare(self, op: int) -> None:  # noqa: C901 - the opcodes plain data rarely or never uses
+        stack = self.stack
+        from_bytes = int.from_bytes
+        if op in _REFUSED:
+            raise PickleRefused(
+                f"it uses the {_REFUSED[op]} opcode, which builds objects by calling code; plain data never needs "
+                "it; refused without running anything (was the file replaced or tampered with?)"
+            )
+        if op == 0x29:  # EMPTY_TUPLE
+            stack.append(())
+        elif op == 0x85:  # TUPLE1
+            stack[-1] = (stack[-1],)
+        elif op == 0x86:  # TUPLE2
+            stack[-2:] = [(stack[-2], stack[-1])]
+        elif op == 0x87:  # TUPLE3
+            stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+        elif op == 0x74:  # TUPLE
+            items = self._pop_mark()  # before naming self.stack: popping the mark replaces it
+            self.stack.append(tuple(items))
+        elif op == 0x6C:  # LIST
+            items = self._pop_mark()
+            target = self.new_list()
+            self._append(target, items)
+            self.stack.append(target)
+        elif op == 0x64:  # DICT
+            items = self._pop_mark()
+            self.stack.append(dict(zip(items[::2], items[1::2], strict=False)))
+        elif op == 0x8F:  # EMPTY_SET
+            stack.append(set())
+        elif op == 0x90:  # ADDITEMS
+            items = self._pop_mark()
+            self.stack[-1].update(items)
+        elif op == 0x91:  # FROZENSET
+            items = self._pop_mark()
+            self.stack.append(frozenset(items))
+        elif op == 0x30:  # POP
+            if stack:
+                stack.pop()
+            else:
+                self._pop_mark()
+        elif op == 0x31:  # POP_MARK
+            self._pop_mark()
+        elif op == 0x32:  # DUP
+            stack.append(stack[-1])
+        elif op == 0x71:  # BINPUT
+            self._put(self._read(1)[0], stack[-1])
+        elif op == 0x72:  # LONG_BINPUT
+            self._put(from_bytes(self._read(4), "little"), stack[-1])
+        elif op == 0x70:  # PUT
+            self._put(int(self._readline()), stack[-1])
+        elif op == 0x67:  # GET
+            stack.append(self._get(int(self._readline())))
+        elif op == 0x8B:  # LONG4
+            stack.append(
+                from_bytes(self._read(from_bytes(self._read(4), "little", signed=True)), "little", signed=True)
+            )
+        elif op == 0x43:  # SHORT_BINBYTES
+            stack.append(self._read(self._read(1)[0]))
+        elif op == 0x42:  # BINBYTES
+            stack.append(self._read(from_bytes(self._read(4), "little")))
+        elif op == 0x8E:  # BINBYTES8
+            stack.append(self._read(from_bytes(self._read(8), "little")))
+        elif op == 0x96:  # BYTEARRAY8
+            stack.append(bytearray(self._read(from_bytes(self._read(8), "little"))))
+        elif op == 0x55:  # SHORT_BINSTRING (a Python 2 str): decoded as pickle's default, ASCII
+            stack.append(self._read(self._read(1)[0]).decode("ascii"))
+        elif op == 0x54:  # BINSTRING
+            stack.append(self._read(from_bytes(self._read(4), "little", signed=True)).decode("ascii"))
+        elif op == 0x53:  # STRING: a quoted Python 2 literal
+            line = self._readline().rstrip(b"\r")
+            if len(line) < 2 or line[:1] != line[-1:] or line[:1] not in (b'"', b"'"):
+                raise PickleCorrupt("the pickle is corrupt (an unquoted STRING)")
+            stack.append(codecs.escape_decode(line[1:-1])[0].decode("ascii"))
+        elif op == 0x56:  # UNICODE
+            stack.append(self._readline().decode("raw-unicode-escape"))
+        elif op == 0x49:  # INT (text); "I01"/"I00" are the booleans of protocol 0
+            line = self._readline()
+            stack.append(True if line == b"01" else False if line == b"00" else int(line))
+        elif op == 0x4C:  # LONG (text)
+            stack.append(int(self._readline().rstrip(b"L")))
+        elif op == 0x46:  # FLOAT (text)
+            stack.append(float(self._readline()))
+        else:
+            raise PickleCorrupt(f"not a valid pickle (unknown opcode 0x{op:02x} at byte {self._pos - 1})")
+
+    def _pop_mark(self) -> list:
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def _append(self, target: Any, items: list) -> None:
+        if type(target) is list:
+            target.extend(items)
+        elif isinstance(target, Sink):
+            target.take(items)
+        else:
+            raise PickleCorrupt(f"the pickle is corrupt (it appends to a {type(target).__name__})")
+
+    def _put(self, index: int, value: Any) -> None:
+        if index != self._memo_next and index in self._memo:
+            self._memo[index] = value  # PUT may overwrite; MEMOIZE always takes the next index
+            self._tokens.clear()
+        elif not (self.streaming and type(value) in (dict, list)):
+            self._memo[index] = value
+        self._memo_next = max(self._memo_next, index + 1)
+
+    def _get(self, index: int) -> Any:
+        try:
+            return self._memo[index]
+        except KeyError:
+            raise self._missing(index) from None
+
+    def _missing(self, index: int) -> PickleError:
+        if index < self._memo_next and self.streaming:
+            return SharedContainer("the pickle refers back to a container read as a stream")
+        return PickleCorrupt(f"the pickle is corrupt (it refers to memo entry {index}, never stored)")
+
+    # -- the fast path for plain items inside sinks --
+    def _match_item(self) -> bool:
+        """At an EMPTY_DICT: read the whole dict at once if it is a plain item; False to take the opcode loop.
+
+        A plain item is `{key: scalar, ...}`, optionally ending with one `key: [plain dicts]` (the stack).
+        The scalars are matched by a pattern; the list is first looked up among the spans seen before,
+        which needs only where it ends: it ends at an APPENDS that closes the item (`eu`). A candidate end
+        is only a guess, but a span equal to one the full pattern validated is that same list.
+        """
+        buf = self._buf
+        head = _ITEM_HEAD.match(buf, self._pos - 1)
+        if head is None:
+            return False
+        end = head.end()
+        following = buf[end : end + 1]
+        flat = None
+        if following != b"u":
+            key = _LIST_KEY.match(buf, end)
+            if key is None:
+                return False
+            flat, end = self._flat_list(key.end())
+            if flat is None:
+                return False
+        try:
+            known, value_of = self._tokens, self._token  # most tokens are known: look them up without a call
+            item = {
+                known[k] if k in known else value_of(k): known[v] if v in known else value_of(v)
+                for k, v in _ITEM_PAIR.findall(buf, head.start(1), head.end(1))
+            }
+            if flat is not None:
+                item[self._token(key.group())] = flat
+        except _MemoMiss as miss:
+            raise self._missing(miss.index) from None
+        self._memo_next += 1 + (flat.containers if flat is not None else 0)
+        self.stack.append(item)
+        self._pos = end + 1  # past the SETITEMS
+        return True
+
+    def _flat_list(self, start: int) -> tuple[FlatList | None, int]:
+        """The plain list at `start` and where the item's SETITEMS follows it, or (None, 0)."""
+        buf, spans = self._buf, self._spans
+        candidate = start
+        for _ in range(3):
+            candidate = buf.find(b"eu", candidate + 1)
+            if candidate < 0:
+                break
+            flat = spans.get(buf[start : candidate + 1])
+            if flat is not None:
+                return flat, candidate + 1
+        match = _FLAT_LIST.match(buf, start)
+        if match is None or buf[match.end() : match.end() + 1] != b"u":
+            return None, 0
+        span = match.group()
+        try:
+            flat = _decode_flat_list(span, self._token)
+        except _MemoMiss as miss:
+            raise self._missing(miss.index) from None
+        if len(spans) >= _SPAN_CACHE_LIMIT:
+            spans.clear()
+        spans[span] = flat
+        return flat, match.end()
+
+    def _token(self, token: bytes) -> Any:
+        """The value of one scalar token; memo references and small ints are cached by their bytes."""
+        value = self._tokens.get(token, _MISSING)
+        if value is _MISSING:
+            value = _decode_scalar(token, self._memo)
+            if token[0] in _CACHEABLE:
+                self._tokens[token] = value
+        return value
+
+
+class _Unframed:
+    """The pickle's bytes with its FRAME headers taken out.
+
+    From protocol 4 the pickler cuts its output into frames of about 64 KiB, each announced by a FRAME
+    opcode and its length, so that a reader can prefetch. They fall between any two objects, so one in
+    ten items or so would have a header inside it and miss the fast path; they carry no data, and each
+    announces where the next one starts, so they are removed here. A pickle that continues unframed
+    (after a large string, written outside any frame) is passed on as it is from there, and the opcode
+    loop skips any FRAME it meets.
+    """
+
+    def __init__(self, raw: BinaryIO) -> None:
+        self._raw = raw
+        self._left = -1  # bytes left in the current frame; -1 before the start, None once unframed
+        self._pending = b""
+
+    def read(self, size: int) -> bytes:
+        if self._left == -1:
+            self._start()
+        if self._left is None:
+            data, self._pending = self._pending + self._raw.read(size), b""
+            return data
+        parts = [self._pending]
+        have = len(self._pending)
+        self._pending = b""
+        while have < size and self._left is not None:
+            if self._left == 0 and not self._next_frame(parts):
+                break
+            if self._left is None:
+                break
+            chunk = self._raw.read(min(self._left, size - have))
+            if not chunk:
+                break
+            parts.append(chunk)
+            have += len(chunk)
+            self._left -= len(chunk)
+        if have < size and self._left is None:
+            parts.append(self._raw.read(size - have))
+        return b"".join(parts)
+
+    def _start(self) -> None:
+        head = self._raw.read(2)
+        self._pending = head
+        self._left = None
+        if len(head) == 2 and head[0] == 0x80 and head[1] >= 4:
+            self._left = 0
+
+    def _next_frame(self, parts: list) -> bool:
+        """At the end of a frame: read the next FRAME header, or note that the rest is unframed."""
+        opcode = self._raw.read(1)
+        if not opcode:
+            return False
+        if opcode != b"\x95":
+            parts.append(opcode)
+            self._left = None
+            return True
+        length = self._raw.read(8)
+        if len(length) < 8:  # truncated inside the header: hand on what there is, the reader will say so
+            parts.append(opcode + length)
+            self._left = None
+            return True
+        self._left = int.from_bytes(length, "little")
+        return True
+
+
+class _Truncated(Exception):
+    pass
+
+
+class _MemoMiss(Exception):
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+def pickle_highest_protocol() -> int:
+    import pickle
+
+    return pickle.HIGHEST_PROTOCOL
+
+
+def _decode_get(token: bytes, memo: dict) -> Any:
+    index = token[1] if token[0] == 0x68 else int.from_bytes(token[1:5], "little")
+    try:
+        return memo[index]
+    except KeyError:
+        raise _MemoMiss(index) from None
+
+
+def _decode_scalar(token: bytes, memo: dict) -> Any:
+    op = token[0]
+    if op == 0x68 or op == 0x6A:
+        return _decode_get(token, memo)
+    if op == 0x4B:
+        return token[1]
+    if op == 0x4D:
+        return int.from_bytes(token[1:3], "little")
+    if op == 0x4A:
+        return int.from_bytes(token[1:5], "little", signed=True)
+    if op == 0x8A:
+        return int.from_bytes(token[2:], "little", signed=True)
+    if op == 0x4E:
+        return None
+    if op == 0x88:
+        return True
+    if op == 0x89:
+        return False
+    return _UNPACK_BINFLOAT(token[1:9])[0]  # BINFLOAT, the last alternative of the pattern
+
+
+def _decode_flat_list(span: bytes, value_of: Callable[[bytes], Any]) -> FlatList:
+    """The items of a span that matched `_FLAT_LIST`: a small machine for its few opcodes."""
+    stack: list = []
+    marks: list[int] = []
+    containers = 0
+    for scalar, structure in _FLAT_TOKEN.findall(span):
+        if scalar:
+            stack.append(value_of(scalar))
+            continue
+        if structure == b"\x94":  # MEMOIZE
+            containers += 1
+        elif structure == b"}":  # EMPTY_DICT
+            stack.append({})
+        elif structure == b"(":  # MARK
+            marks.append(len(stack))
+        elif structure == b"u":  # SETITEMS
+            mark = marks.pop()
+            items = stack[mark:]
+            del stack[mark:]
+            stack[-1].update(zip(items[::2], items[1::2], strict=False))
+        elif structure == b"]":  # EMPTY_LIST
+            stack.append([])
+        elif structure == b"s":  # SETITEM
+            value = stack.pop()
+            key = stack.pop()
+            stack[-1][key] = value
+        elif structure == b"e":  # APPENDS
+            mark = marks.pop()
+            items = stack[mark:]
+            del stack[mark:]
+            stack[-1].extend(items)
+        else:  # APPEND
+            value = stack.pop()
+            stack[-1].append(value)
+    return FlatList(stack[0], containers)
