@@ -43,7 +43,7 @@ ACTION_KINDS = {
 }
 # Unknown actions are looked for among the first events of each device only: enough to notice a newer format.
 _ACTIONS_CHECKED = 1000
-_STACK_CACHE_LIMIT = 100_000
+_STACK_CACHE_LIMIT = 20_000
 _NO_TIME = -1
 
 Fold = Callable[[list], Hashable]
@@ -166,9 +166,7 @@ class _Builder:
     # -- sites --
     def _site(self, frames: Any) -> int:
         if isinstance(frames, FlatList):  # identical stacks read as one shared object: fold it once
-            if frames.tag is None:
-                frames.tag = self._intern(frames.items)
-            return frames.tag
+            return frames.summary(self._intern)
         if not isinstance(frames, list):
             frames = []
         key = tuple((f.get("filename"), f.get("line"), f.get("name")) if isinstance(f, dict) else None for f in frames)
@@ -198,7 +196,10 @@ class _Builder:
         address = seg_address
         allocated = largest_free = 0
         blocks = segment.get("blocks")
-        blocks = blocks.items if isinstance(blocks, FlatList) else blocks if isinstance(blocks, list) else []
+        if isinstance(blocks, FlatList):  # blocks without stacks, matched as one span
+            blocks = blocks.items or []
+        elif not isinstance(blocks, list):
+            blocks = []
         for block in blocks:
             if not isinstance(block, dict):
                 continue

@@ -34,7 +34,7 @@ _CHUNK = 1 << 20
 # Bytes kept ahead of the cursor before an item is matched as a whole: an item larger than this (a stack
 # of thousands of frames) is simply read by the opcode loop.
 _LOOKAHEAD = 256 << 10
-_SPAN_CACHE_LIMIT = 100_000
+_SPAN_CACHE_LIMIT = 20_000
 
 _REFUSED = {
     b"c"[0]: "GLOBAL",
@@ -59,18 +59,16 @@ _GET = rb"(?:h.|j....)"
 _LONG1 = rb"\x8a(?:\x00|\x01.|\x02..|\x03...|\x04....|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"
 _SCALAR = rb"(?:" + _GET + rb"|K.|M..|J....|" + _LONG1 + rb"|N|\x88|\x89|G.{8})"
 _PAIR = _GET + _SCALAR
-_FLAT_DICT = rb"\}\x94(?:\((?:" + _PAIR + rb")+u|" + _PAIR + rb"s)?"
-_FLAT_LIST_PATTERN = rb"\]\x94(?:(?:\((?:" + _FLAT_DICT + rb")+e)+|" + _FLAT_DICT + rb"a)?"
+_FLAT_DICT_PATTERN = rb"\}\x94(?:\(((?:" + _PAIR + rb")+)u|(" + _PAIR + rb")s)?"
+_FLAT_LIST_PATTERN = rb"\]\x94(?:(?:\((?:" + _FLAT_DICT_PATTERN + rb")+e)+|" + _FLAT_DICT_PATTERN + rb"a)?"
+_FLAT_DICT = re.compile(_FLAT_DICT_PATTERN, re.DOTALL)
+_DICT3 = re.compile(rb"\}\x94\(" + (rb"(" + _GET + rb")(" + _SCALAR + rb")") * 3 + rb"u", re.DOTALL)
 _FLAT_LIST = re.compile(_FLAT_LIST_PATTERN, re.DOTALL)
 _ITEM_HEAD = re.compile(rb"\}\x94\(((?:" + _PAIR + rb")*)", re.DOTALL)
 _ITEM_PAIR = re.compile(rb"(" + _GET + rb")(" + _SCALAR + rb")", re.DOTALL)
 _LIST_KEY = re.compile(_GET + rb"(?=\]\x94)", re.DOTALL)
 # Tokens whose value depends only on their bytes and which recur: memo references, BININT1, BININT2, constants.
 _CACHEABLE = frozenset(b"hjKMN\x88\x89")
-_MISSING = object()
-_FLAT_TOKEN = re.compile(
-    rb"(" + _GET + rb"|K.|M..|J....|" + _LONG1 + rb"|N|\x88|\x89|G.{8})|([\]\}\(\x94euas])", re.DOTALL
-)
 _UNPACK_BINFLOAT = struct.Struct(">d").unpack
 
 
@@ -88,14 +86,25 @@ class Sink(list):
 
 
 class FlatList:
-    """A list of plain dicts matched as one span: its items, shared by every identical span."""
+    """A list of plain dicts matched as one span, shared by every identical span.
 
-    __slots__ = ("items", "containers", "tag")
+    Only items of sinks come this way (and only once a sink exists). A consumer that needs a summary of
+    the items, not the items, calls `summary`: it is computed once per distinct span, and the items are
+    dropped, so a cache of many distinct stacks holds their summaries only.
+    """
+
+    __slots__ = ("items", "containers", "_summary")
 
     def __init__(self, items: list, containers: int) -> None:
-        self.items = items
+        self.items: list | None = items
         self.containers = containers  # the MEMOIZE opcodes inside the span
-        self.tag: Any = None  # for the consumer: whatever it derived from the items, computed once
+        self._summary: Any = None
+
+    def summary(self, summarise: Callable[[list], Any]) -> Any:
+        if self.items is not None:
+            self._summary = summarise(self.items)
+            self.items = None
+        return self._summary
 
 
 class StreamingUnpickler:
@@ -114,7 +123,7 @@ class StreamingUnpickler:
         self._memo_next = 0
         self.streaming = False  # set once a sink exists: containers from then on are not memoized
         self._spans: dict[bytes, FlatList] = {}
-        self._tokens: dict[bytes, Any] = {}
+        self._tokens = _Tokens(self._memo)
 
     # -- to override --
     def new_list(self) -> list:
@@ -391,13 +400,10 @@ class StreamingUnpickler:
             if flat is None:
                 return False
         try:
-            known, value_of = self._tokens, self._token  # most tokens are known: look them up without a call
-            item = {
-                known[k] if k in known else value_of(k): known[v] if v in known else value_of(v)
-                for k, v in _ITEM_PAIR.findall(buf, head.start(1), head.end(1))
-            }
+            value = self._tokens
+            item = {value[k]: value[v] for k, v in _ITEM_PAIR.findall(buf, head.start(1), head.end(1))}
             if flat is not None:
-                item[self._token(key.group())] = flat
+                item[value[key.group()]] = flat
         except _MemoMiss as miss:
             raise self._missing(miss.index) from None
         self._memo_next += 1 + (flat.containers if flat is not None else 0)
@@ -421,22 +427,13 @@ class StreamingUnpickler:
             return None, 0
         span = match.group()
         try:
-            flat = _decode_flat_list(span, self._token)
+            flat = _decode_flat_list(span, self._tokens)
         except _MemoMiss as miss:
             raise self._missing(miss.index) from None
         if len(spans) >= _SPAN_CACHE_LIMIT:
             spans.clear()
         spans[span] = flat
         return flat, match.end()
-
-    def _token(self, token: bytes) -> Any:
-        """The value of one scalar token; memo references and small ints are cached by their bytes."""
-        value = self._tokens.get(token, _MISSING)
-        if value is _MISSING:
-            value = _decode_scalar(token, self._memo)
-            if token[0] in _CACHEABLE:
-                self._tokens[token] = value
-        return value
 
 
 class _Unframed:
@@ -504,6 +501,20 @@ class _Unframed:
         return True
 
 
+class _Tokens(dict):
+    """The value of each scalar token, by its bytes; memo references and small ints are kept, as they recur."""
+
+    def __init__(self, memo: dict[int, Any]) -> None:
+        super().__init__()
+        self._memo = memo
+
+    def __missing__(self, token: bytes) -> Any:
+        value = _decode_scalar(token, self._memo)
+        if token[0] in _CACHEABLE:
+            self[token] = value
+        return value
+
+
 class _Truncated(Exception):
     pass
 
@@ -548,38 +559,25 @@ def _decode_scalar(token: bytes, memo: dict) -> Any:
     return _UNPACK_BINFLOAT(token[1:9])[0]  # BINFLOAT, the last alternative of the pattern
 
 
-def _decode_flat_list(span: bytes, value_of: Callable[[bytes], Any]) -> FlatList:
-    """The items of a span that matched `_FLAT_LIST`: a small machine for its few opcodes."""
-    stack: list = []
-    marks: list[int] = []
-    containers = 0
-    for scalar, structure in _FLAT_TOKEN.findall(span):
-        if scalar:
-            stack.append(value_of(scalar))
+def _decode_flat_list(span: bytes, value: _Tokens) -> FlatList:
+    """The items of a span that matched `_FLAT_LIST`, dict by dict (a stack frame is a dict of three pairs).
+
+    Between the dicts of a valid span there are only batch marks (MARK, APPENDS) and a final APPEND.
+    """
+    items = []
+    pos, end = 2, len(span)  # past EMPTY_LIST, MEMOIZE
+    while pos < end:
+        if span[pos] != 0x7D:  # MARK, APPENDS or APPEND
+            pos += 1
             continue
-        if structure == b"\x94":  # MEMOIZE
-            containers += 1
-        elif structure == b"}":  # EMPTY_DICT
-            stack.append({})
-        elif structure == b"(":  # MARK
-            marks.append(len(stack))
-        elif structure == b"u":  # SETITEMS
-            mark = marks.pop()
-            items = stack[mark:]
-            del stack[mark:]
-            stack[-1].update(zip(items[::2], items[1::2], strict=False))
-        elif structure == b"]":  # EMPTY_LIST
-            stack.append([])
-        elif structure == b"s":  # SETITEM
-            value = stack.pop()
-            key = stack.pop()
-            stack[-1][key] = value
-        elif structure == b"e":  # APPENDS
-            mark = marks.pop()
-            items = stack[mark:]
-            del stack[mark:]
-            stack[-1].extend(items)
-        else:  # APPEND
-            value = stack.pop()
-            stack[-1].append(value)
-    return FlatList(stack[0], containers)
+        match = _DICT3.match(span, pos)
+        if match is not None:
+            k1, v1, k2, v2, k3, v3 = match.groups()
+            items.append({value[k1]: value[v1], value[k2]: value[v2], value[k3]: value[v3]})
+        else:
+            match = _FLAT_DICT.match(span, pos)
+            body = match.group(1) or match.group(2)
+            pairs = _ITEM_PAIR.findall(body) if body else ()
+            items.append({value[k]: value[v] for k, v in pairs})
+        pos = match.end()
+    return FlatList(items, 1 + len(items))  # the list and each dict were memoized
