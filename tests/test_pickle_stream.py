@@ -194,3 +194,26 @@ def test_a_shared_container_falls_back_to_a_whole_load(tmp_path):
     report = analyse_snapshot(read_snapshot(str(path)))
     assert report.primary.top_sites(1)[0].site == "/w/train.py:3 in step"
     assert report.primary.peak_allocated == 3 << 20
+
+
+def test_progress_is_reported_while_a_long_history_is_read(tmp_path, monkeypatch):
+    from torchtriage.sources import memory_snapshot
+
+    monkeypatch.setattr(memory_snapshot, "_PROGRESS_EVERY", 1000)
+    path = tmp_path / "s.pickle"
+    path.write_bytes(_snapshot_bytes(2500))
+    seen: list[int] = []
+    read_snapshot(str(path), seen.append)
+    assert seen == [1000, 2000]
+
+
+def test_progress_line_only_on_a_terminal(monkeypatch, capsys):
+    from torchtriage.cli.progress import counting
+
+    with counting("/x/snap.pickle") as report:
+        assert report is None  # captured stderr is not a terminal: nothing is printed
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    with counting("/x/snap.pickle", "history events") as report:
+        report(1_200_000)
+    err = capsys.readouterr().err
+    assert "reading snap.pickle: 1,200,000 history events" in err and err.endswith("\r\x1b[K")

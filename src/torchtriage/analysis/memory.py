@@ -17,6 +17,7 @@ Two passes over each device's history columns; stacks arrive already folded to s
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -275,9 +276,9 @@ def _time_at(history: DeviceHistory, index: int) -> int | None:
     return history.time_us[index]
 
 
-def read_snapshot(path: str) -> MemorySnapshot:
+def read_snapshot(path: str, progress: Callable[[int], None] | None = None) -> MemorySnapshot:
     """Read a snapshot file, folding each recorded stack to its allocation site as it is read."""
-    return load_snapshot(path, fold_frames)
+    return load_snapshot(path, fold_frames, progress)
 
 
 def snapshot_from_data(data: Any, path: str = "<memory>") -> MemorySnapshot:

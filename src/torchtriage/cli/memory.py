@@ -14,6 +14,7 @@ from torchtriage.analysis.memory import (
     format_bytes,
     read_snapshot,
 )
+from torchtriage.cli.progress import counting
 from torchtriage.errors import InputError, UsageError
 from torchtriage.model import Verdict
 from torchtriage.report.json_report import render_json
@@ -106,11 +107,13 @@ def _write_html(path: str, verdict: Verdict, snapshots: list) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.html and os.path.isdir(args.html):
         raise UsageError(f"--html {args.html}: a folder; give a file name (e.g. memory.html).")
-    snapshot = read_snapshot(args.snapshot)
+    with counting(args.snapshot, "history events") as progress:
+        snapshot = read_snapshot(args.snapshot, progress)
     report = analyse_snapshot(snapshot)
     drawn = [(snapshot, report)]
     if args.compare:
-        other = read_snapshot(args.compare)
+        with counting(args.compare, "history events") as progress:
+            other = read_snapshot(args.compare, progress)
         other_report = analyse_snapshot(other)
         drawn.append((other, other_report))
         verdict = compare_reports(report, other_report)

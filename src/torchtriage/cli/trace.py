@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 from torchtriage import exit_codes
 from torchtriage.analysis.trace import analyse_traces, build_trace_verdict
+from torchtriage.cli.progress import counting
 from torchtriage.errors import InputError, UsageError
 from torchtriage.model import Verdict
 from torchtriage.report.json_report import render_json
@@ -42,16 +42,6 @@ def expand(paths: list[str]) -> list[str]:
         else:
             raise InputError(f"{path}: no such file or folder.")
     return files
-
-
-def _progress(path: str):
-    if not sys.stderr.isatty():
-        return None
-
-    def report(events: int) -> None:
-        print(f"\rreading {os.path.basename(path)}: {events:,} events", end="", file=sys.stderr, flush=True)
-
-    return report
 
 
 def _tables(verdict: Verdict) -> str:
@@ -100,12 +90,10 @@ def run(args: argparse.Namespace) -> int:
     traces, problems = [], []
     for path in expand(args.paths):
         try:
-            traces.append(read_trace(path, progress=_progress(path)))
+            with counting(path) as progress:
+                traces.append(read_trace(path, progress=progress))
         except TraceReadError as err:
             problems.append(f"{path}: {err}")
-        finally:
-            if sys.stderr.isatty():
-                print("\r\x1b[K", end="", file=sys.stderr)
     if not traces:
         raise InputError("no trace could be read:\n  " + "\n  ".join(problems))
     analysis = analyse_traces(traces)

@@ -45,6 +45,7 @@ ACTION_KINDS = {
 _ACTIONS_CHECKED = 1000
 _STACK_CACHE_LIMIT = 20_000
 _NO_TIME = -1
+_PROGRESS_EVERY = 200_000
 
 Fold = Callable[[list], Hashable]
 
@@ -155,8 +156,10 @@ def _int(value: Any) -> int:
 class _Builder:
     """Reduces segments and events, one at a time, to a MemorySnapshot."""
 
-    def __init__(self, path: str, fold: Fold) -> None:
+    def __init__(self, path: str, fold: Fold, progress: Callable[[int], None] | None = None) -> None:
         self.snapshot = MemorySnapshot(path, "torch>=2.1")
+        self._progress = progress
+        self._events = 0
         self._fold = fold
         self._site_index: dict[Hashable, int] = {}
         self._stacks: dict[tuple, int] = {}
@@ -261,6 +264,9 @@ class _Builder:
         history.site.append(self._site(event.get("frames")))
         if kind == OOM and event.get("device_free") is not None:
             history.device_free[len(history) - 1] = _int(event.get("device_free"))
+        self._events += 1
+        if self._progress is not None and self._events % _PROGRESS_EVERY == 0:
+            self._progress(self._events)
 
     def finish(self, rest: dict[str, Any], segments_only: bool = False) -> MemorySnapshot:
         snapshot = self.snapshot
@@ -407,8 +413,11 @@ class _SnapshotReader(StreamingUnpickler):
         return None
 
 
-def load_snapshot(path: str, fold: Fold) -> MemorySnapshot:
-    """Read one snapshot file, reducing each stack with `fold`; every failure is an InputError naming the file."""
+def load_snapshot(path: str, fold: Fold, progress: Callable[[int], None] | None = None) -> MemorySnapshot:
+    """Read one snapshot file, reducing each stack with `fold`; every failure is an InputError naming the file.
+
+    `progress`, if given, is called with the number of history events read so far, every 200,000.
+    """
     try:
         with open(path, "rb") as handle:
             head = handle.read(4096)
@@ -428,7 +437,7 @@ def load_snapshot(path: str, fold: Fold) -> MemorySnapshot:
             # a snapshot at all, and the C unpickler reads it faster and says what it is.
             if b"segments" in head or b"device_traces" in head:
                 try:
-                    return _stream(stream, path, fold)
+                    return _stream(stream, path, fold, progress)
                 except SharedContainer:
                     handle.seek(0)
                     stream = gzip.GzipFile(fileobj=handle) if gzipped else handle  # type: ignore[assignment]
@@ -452,8 +461,8 @@ def _gunzip_head(path: str, handle: BinaryIO) -> bytes:
         raise InputError(f"{path}: a gzip file that cannot be decompressed ({err}); is it truncated?") from None
 
 
-def _stream(stream: BinaryIO, path: str, fold: Fold) -> MemorySnapshot:
-    builder = _Builder(path, fold)
+def _stream(stream: BinaryIO, path: str, fold: Fold, progress: Callable[[int], None] | None) -> MemorySnapshot:
+    builder = _Builder(path, fold, progress)
     reader = _SnapshotReader(io.BufferedReader(stream) if not hasattr(stream, "peek") else stream, builder)
     top = reader.load()
     if not isinstance(top, dict) or not (
