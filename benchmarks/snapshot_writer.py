@@ -1,14 +1,17 @@
 """Writing CUDA memory snapshots of any size, byte for byte as `pickle.dump(snapshot, f)` would.
 
-A snapshot of gigabytes cannot be built as Python objects and then pickled (it would need ten times its
-size in memory), so this module writes the pickle itself, streaming, with the opcodes the pickler emits
-at protocol 4 (the default of `torch.cuda.memory._dump_snapshot`): memoized strings referenced with
-BINGET, a fresh dict per frame (as torch builds them), lists and dicts in batches of 1000, and FRAME
-headers every 64 KiB. `tests/test_pickle_stream.py` checks the output equals `pickle.dumps` on data
-small enough to build.
+A snapshot of gigabytes cannot be built as Python objects and then pickled (it would need several times
+its size in memory), so this module writes the pickle itself, streaming, with the opcodes the pickler
+emits at protocol 4 (the default of `torch.cuda.memory._dump_snapshot`): objects seen before referenced
+with BINGET, lists and dicts in batches of 1000, and FRAME headers every 64 KiB.
+`tests/test_pickle_stream.py` checks the output equals `pickle.dumps` on data small enough to build.
 
-A stack that was written once, after its strings were memoized, is written again as the same bytes (as
-the pickler would), which keeps writing a gigabyte to a minute or so.
+The objects are laid out as torch lays them out (recorded on torch 2.11): one dict per distinct frame,
+shared by every stack that holds it; a stack list per allocation, shared by the events of that block
+(its free refers back to it); strings shared, except the `"N/A"` of `compile_context`, new in each event.
+
+A stack written once, after its frames were memoized, is written again as the same bytes (as the
+pickler would), which keeps writing a gigabyte to a minute or so.
 """
 
 from __future__ import annotations
@@ -31,18 +34,32 @@ class Lazy:
 
 
 class Frames(list):
-    """A stack: a list of frame dicts whose bytes may be reused once its strings are memoized."""
+    """A stack: a list of shared frame dicts. `key` names its content (equal keys, equal bytes once its
+    frames are memoized); a Frames that is referred to again (an allocation's, by its free) is memoized
+    by identity until `last` is set on its last use."""
+
+    def __init__(self, frames: list, key: Any) -> None:
+        super().__init__(frames)
+        self.key, self.shared, self.last = key, False, False
+
+
+class Frame(dict):
+    """A frame dict that many stacks share: memoized by identity, referred to after its first write."""
+
+
+class Fresh(str):
+    """A string written anew each time (and memoized, as the pickler does, though never referred to)."""
 
 
 class PickleWriter:
     def __init__(self, file: BinaryIO) -> None:
         self._file = file
         self._frame = bytearray()
-        self._memo: dict[int, int] = {}  # id(str) -> memo index
-        self._keep: list[str] = []  # keeps memoized strings alive, so their ids stay theirs
+        self._memo: dict[int, int] = {}  # id(object) -> memo index, for strings, Frame dicts and shared Frames
+        self._keep: list[Any] = []  # keeps memoized strings and frames alive, so their ids stay theirs
         self._next = 0
-        # id(Frames) -> (bytes, memo entries inside, offsets where the pickler would check for a frame boundary)
-        self._stacks: dict[int, tuple[bytes, int, list[int]]] = {}
+        # Frames.key -> (bytes, memo entries inside, offsets where the pickler would check for a frame boundary)
+        self._stacks: dict[Any, tuple[bytes, int, list[int]]] = {}
         self._recording: list[int] | None = None
 
     def dump(self, obj: Any) -> None:
@@ -87,33 +104,43 @@ class PickleWriter:
                 out += b"\x8a" + bytes((len(data),)) + data
         elif isinstance(obj, float):
             out += b"G" + struct.pack(">d", obj)
+        elif isinstance(obj, (str, Frame, Frames)) and id(obj) in self._memo:
+            index = self._memo[id(obj)]
+            out += b"h" + bytes((index,)) if index < 256 else b"j" + struct.pack("<I", index)
+            if isinstance(obj, Frames) and obj.last:
+                del self._memo[id(obj)]
         elif isinstance(obj, str):
-            index = self._memo.get(id(obj))
-            if index is not None:
-                out += b"h" + bytes((index,)) if index < 256 else b"j" + struct.pack("<I", index)
-                return
             data = obj.encode("utf-8", "surrogatepass")
             out += (b"\x8c" + bytes((len(data),)) if len(data) < 256 else b"X" + struct.pack("<I", len(data))) + data
-            self._memo[id(obj)] = self._next
-            self._keep.append(obj)
+            if not isinstance(obj, Fresh):
+                self._memo[id(obj)] = self._next
+                self._keep.append(obj)
             self._memoize()
-        elif isinstance(obj, Frames) and id(obj) in self._stacks:
-            self._replay(*self._stacks[id(obj)])
+        elif isinstance(obj, Frames) and obj.key in self._stacks:
+            if obj.shared:
+                self._memo[id(obj)] = self._next
+            self._replay(*self._stacks[obj.key])
         elif isinstance(obj, (list, Lazy)):
             start, first = len(out), self._next
-            strings = len(self._memo)
+            known = len(self._memo)
             record = isinstance(obj, Frames) and self._recording is None
             if record:
                 self._recording = []
+                if obj.shared:
+                    self._memo[id(obj)] = self._next
+                    known += 1
             out += b"]"
             self._memoize()
             count, items = (obj.count, obj.items) if isinstance(obj, Lazy) else (len(obj), iter(obj))
             self._batches(count, items, b"e", b"a")
             if record:
                 offsets, self._recording = self._recording, None
-                if len(self._memo) == strings and self._frame is out:  # all its strings were memoized already
-                    self._stacks[id(obj)] = (bytes(out[start:]), self._next - first, [o - start for o in offsets])
+                if len(self._memo) == known and self._frame is out:  # all its frames were memoized already
+                    self._stacks[obj.key] = (bytes(out[start:]), self._next - first, [o - start for o in offsets])
         elif isinstance(obj, dict):
+            if isinstance(obj, Frame):
+                self._memo[id(obj)] = self._next
+                self._keep.append(obj)
             out += b"}"
             self._memoize()
             pairs = iter(obj.items())
@@ -214,11 +241,19 @@ def synthetic_snapshot(events: int, stacks: int = 3000, live_blocks: int = 20_00
         return strings.setdefault(text, text)
 
     pool = _stack_pool(stacks, rng)
+    frames: dict[tuple, Frame] = {}
 
-    def frames_of(stack: list[tuple[str, str, int]]) -> Frames:
-        return Frames({s("name"): s(n), s("filename"): s(f), s("line"): line} for n, f, line in stack)
+    def frame(name: str, file: str, line: int) -> Frame:
+        key = (name, file, line)
+        if key not in frames:
+            frames[key] = Frame({s("name"): s(name), s("filename"): s(file), s("line"): line})
+        return frames[key]
 
-    shared = [frames_of(stack) for stack in pool]
+    stack_frames = [[frame(*f) for f in stack] for stack in pool]
+
+    def stack(number: int) -> Frames:
+        return Frames(stack_frames[number], number)
+
     mib = 1 << 20
     base = 0x7F0000000000
     blocks = [
@@ -227,7 +262,7 @@ def synthetic_snapshot(events: int, stacks: int = 3000, live_blocks: int = 20_00
             s("size"): 2 * mib,
             s("requested_size"): 2 * mib,
             s("state"): s("active_allocated"),
-            s("frames"): shared[i % len(shared)],
+            s("frames"): stack(i % len(pool)),
         }
         for i in range(live_blocks)
     ]
@@ -243,44 +278,40 @@ def synthetic_snapshot(events: int, stacks: int = 3000, live_blocks: int = 20_00
         s("segment_pool_id"): [0, 0],
         s("is_expandable"): False,
         s("blocks"): blocks,
-        s("frames"): shared[0],
+        s("frames"): stack(0),
     }
 
+    def event(action: str, addr: int, size: int, time_us: int, frames: Frames) -> dict:
+        return {
+            s("action"): s(action),
+            s("addr"): addr,
+            s("size"): size,
+            s("stream"): 0,
+            s("time_us"): time_us,
+            s("compile_context"): Fresh("N/A"),
+            s("user_metadata"): s(""),
+            s("frames"): frames,
+        }
+
     def history() -> Iterator[dict]:
-        live: list[tuple[int, int]] = []
+        live: list[tuple[int, int, Frames]] = []
         time_us = 1_796_007_560_374_427
         scratch = base + (1 << 40)
         for i in range(events - 1):
             time_us += rng.randrange(1, 50)
             if live and (rng.random() < 0.49 or len(live) > 4000):
-                addr, size = live.pop(rng.randrange(len(live)))
-                action = "free_completed"
+                addr, size, frames = live.pop(rng.randrange(len(live)))
+                frames.last = True  # the free refers back to its allocation's stack, for the last time
+                yield event("free_completed", addr, size, time_us, frames)
             else:
                 addr, size = scratch + i * 4096, rng.choice((512, 4096, mib, 16 * mib, 64 * mib))
-                live.append((addr, size))
-                action = "alloc"
-            stack = shared[rng.randrange(len(shared))]
-            yield {
-                s("action"): s(action),
-                s("addr"): addr,
-                s("size"): size,
-                s("stream"): 0,
-                s("time_us"): time_us,
-                s("compile_context"): s("N/A"),
-                s("user_metadata"): s(""),
-                s("frames"): stack,
-            }
-        yield {
-            s("action"): s("oom"),
-            s("addr"): 0,
-            s("size"): 80 << 30,
-            s("stream"): 0,
-            s("time_us"): time_us + 1,
-            s("device_free"): 1 << 30,
-            s("compile_context"): s("N/A"),
-            s("user_metadata"): s(""),
-            s("frames"): shared[0],
-        }
+                frames = stack(rng.randrange(len(pool)))
+                frames.shared = True
+                live.append((addr, size, frames))
+                yield event("alloc", addr, size, time_us, frames)
+        oom = event("oom", 0, 80 << 30, time_us + 1, stack(0))
+        oom[s("device_free")] = 1 << 30
+        yield oom
 
     return {
         s("segments"): [segment],

@@ -10,12 +10,17 @@ Safety is that of `safe_pickle`: only the opcodes that build plain data (contain
 numbers, booleans, None) are executed; any opcode that would name a global, call a callable or reach
 outside the data is refused, so nothing in the file can run code.
 
+Memory: the memo (what later opcodes may refer back to) keeps everything except the items of sinks
+(those are handed over, never referred to again): a slot of 8 bytes for each, and the strings, frame
+dicts and stacks that later items do refer to. Torch shares each frame dict among all the stacks that
+hold it, and a stack between the events of one block, so these are few.
+
 Speed: a Python loop costs about a microsecond per opcode, and a snapshot has a few opcodes per byte.
-Inside sinks the common item, a dict of scalars and lists of such dicts (an allocation event with its
-stack frames), is recognised by one regular expression instead. A stack recurs thousands of times with
-identical bytes (its strings are references into the memo), so a stack's bytes are decoded once and
-its frames shared through a small cache. Anything the pattern does not cover (a string seen for the
-first time, a FRAME boundary, another protocol) goes through the opcode loop, which handles every case.
+Inside sinks the common item, a dict of scalars and short strings ending with a list (an allocation
+event and its stack, a list of references to frame dicts), is recognised by regular expressions instead;
+a stack recurs with identical bytes, so each distinct one is decoded once and shared through a small
+cache. Anything the patterns do not cover (a frame seen for the first time, another protocol) goes
+through the opcode loop, which handles every case.
 """
 
 from __future__ import annotations
@@ -54,21 +59,28 @@ _REFUSED = {
     b"\x98"[0]: "READONLY_BUFFER",
 }
 
-# -- the pattern of a plain item: a dict whose values are scalars or lists of dicts of scalars --
+# -- the patterns of a plain item: a dict of scalars and short strings, ending with one list --
 _GET = rb"(?:h.|j....)"
 _LONG1 = rb"\x8a(?:\x00|\x01.|\x02..|\x03...|\x04....|\x05.{5}|\x06.{6}|\x07.{7}|\x08.{8}|\x09.{9})"
 _SCALAR = rb"(?:" + _GET + rb"|K.|M..|J....|" + _LONG1 + rb"|N|\x88|\x89|G.{8})"
-_PAIR = _GET + _SCALAR
+# A short string seen for the first time (torch writes "N/A" afresh in every event), and memoized.
+_SHORT_STR = rb"\x8c(?:" + rb"|".join(re.escape(bytes([n])) + rb".{%d}" % n for n in range(32)) + rb")\x94"
+_KEY = rb"(?:" + _GET + rb"|" + _SHORT_STR + rb")"
+_VALUE = rb"(?:" + _SCALAR + rb"|" + _SHORT_STR + rb")"
+_PAIR = _GET + _SCALAR  # inside the dicts of a list: references and numbers only
 _FLAT_DICT_PATTERN = rb"\}\x94(?:\(((?:" + _PAIR + rb")+)u|(" + _PAIR + rb")s)?"
-_FLAT_LIST_PATTERN = rb"\]\x94(?:(?:\((?:" + _FLAT_DICT_PATTERN + rb")+e)+|" + _FLAT_DICT_PATTERN + rb"a)?"
+_ENTRY = rb"(?:" + _FLAT_DICT_PATTERN + rb"|" + _GET + rb")"  # a new dict, or a reference to an earlier one
+_LIST = re.compile(rb"\]\x94(?:(?:\((?:" + _ENTRY + rb")+e)+|" + _ENTRY + rb"a)?", re.DOTALL)
 _FLAT_DICT = re.compile(_FLAT_DICT_PATTERN, re.DOTALL)
 _DICT3 = re.compile(rb"\}\x94\(" + (rb"(" + _GET + rb")(" + _SCALAR + rb")") * 3 + rb"u", re.DOTALL)
-_FLAT_LIST = re.compile(_FLAT_LIST_PATTERN, re.DOTALL)
-_ITEM_HEAD = re.compile(rb"\}\x94\(((?:" + _PAIR + rb")*)", re.DOTALL)
-_ITEM_PAIR = re.compile(rb"(" + _GET + rb")(" + _SCALAR + rb")", re.DOTALL)
-_LIST_KEY = re.compile(_GET + rb"(?=\]\x94)", re.DOTALL)
+_ITEM_HEAD = re.compile(rb"\}\x94\(((?:" + _KEY + _VALUE + rb")*)", re.DOTALL)
+_ITEM_PAIR = re.compile(rb"(" + _KEY + rb")(" + _VALUE + rb")", re.DOTALL)
+_LIST_KEY = re.compile(_KEY + rb"(?=\]\x94)", re.DOTALL)
+_PAIR_TOKENS = re.compile(rb"(" + _GET + rb")(" + _SCALAR + rb")", re.DOTALL)
 # Tokens whose value depends only on their bytes and which recur: memo references, BININT1, BININT2, constants.
 _CACHEABLE = frozenset(b"hjKMN\x88\x89")
+_NOT_KEPT = object()  # the memo slot of a sink's item: handed over, not kept
+_MAX_MEMO_GAP = 1 << 20
 _UNPACK_BINFLOAT = struct.Struct(">d").unpack
 
 
@@ -86,18 +98,19 @@ class Sink(list):
 
 
 class FlatList:
-    """A list of plain dicts matched as one span, shared by every identical span.
+    """A list read as one span (a stack: new frame dicts and references to earlier ones), shared by every
+    identical span.
 
     Only items of sinks come this way (and only once a sink exists). A consumer that needs a summary of
     the items, not the items, calls `summary`: it is computed once per distinct span, and the items are
     dropped, so a cache of many distinct stacks holds their summaries only.
     """
 
-    __slots__ = ("items", "containers", "_summary")
+    __slots__ = ("items", "new_dicts", "_summary")
 
-    def __init__(self, items: list, containers: int) -> None:
+    def __init__(self, items: list, new_dicts: list) -> None:
         self.items: list | None = items
-        self.containers = containers  # the MEMOIZE opcodes inside the span
+        self.new_dicts = new_dicts  # the dicts first written in this span, in memo order
         self._summary: Any = None
 
     def summary(self, summarise: Callable[[list], Any]) -> Any:
@@ -119,10 +132,11 @@ class StreamingUnpickler:
         self._real_end = 0
         self.stack: list = []
         self.metastack: list = []
-        self._memo: dict[int, Any] = {}
-        self._memo_next = 0
-        self.streaming = False  # set once a sink exists: containers from then on are not memoized
+        self._memo: list = []
+        self.streaming = False  # set once a sink exists: from then on its items are not kept in the memo
+        self._unkept: Any = None  # the sink item being built by the opcode loop
         self._spans: dict[bytes, FlatList] = {}
+        self._strings: dict[bytes, str] = {}
         self._tokens = _Tokens(self._memo)
 
     # -- to override --
@@ -199,13 +213,19 @@ class StreamingUnpickler:
             if op == 0x68:  # BINGET
                 self.stack.append(self._get(self._read(1)[0]))
             elif op == 0x94:  # MEMOIZE
-                self._put(self._memo_next, self.stack[-1])
+                self._put(len(self._memo), self.stack[-1])
             elif op == 0x28:  # MARK
                 self.metastack.append(self.stack)
                 self.stack = []
             elif op == 0x7D:  # EMPTY_DICT
-                if self.streaming and self._match_item():
-                    continue
+                if self.streaming:
+                    sink_item = self._at_sink_item()
+                    if self._match_item(keep=not sink_item):
+                        continue
+                    if sink_item:
+                        self._unkept = {}
+                        self.stack.append(self._unkept)
+                        continue
                 self.stack.append({})
             elif op == 0x5D:  # EMPTY_LIST
                 self.stack.append(self.new_list())
@@ -358,61 +378,105 @@ class StreamingUnpickler:
             raise PickleCorrupt(f"the pickle is corrupt (it appends to a {type(target).__name__})")
 
     def _put(self, index: int, value: Any) -> None:
-        if index != self._memo_next and index in self._memo:
-            self._memo[index] = value  # PUT may overwrite; MEMOIZE always takes the next index
+        memo = self._memo
+        if value is self._unkept and value is not None:
+            value = _NOT_KEPT
+        if index == len(memo):  # MEMOIZE, and PUT as picklers write it
+            memo.append(value)
+            return
+        if index < len(memo):  # PUT may overwrite: what was looked up by its bytes may have changed
+            memo[index] = value
             self._tokens.clear()
-        elif not (self.streaming and type(value) in (dict, list)):
-            self._memo[index] = value
-        self._memo_next = max(self._memo_next, index + 1)
+            self._spans.clear()
+            return
+        if index - len(memo) > _MAX_MEMO_GAP:
+            raise PickleCorrupt(f"the pickle is corrupt (memo index {index} far beyond the {len(memo)} stored)")
+        memo.extend([_NOT_KEPT] * (index - len(memo)))
+        memo.append(value)
 
     def _get(self, index: int) -> Any:
         try:
-            return self._memo[index]
-        except KeyError:
+            value = self._memo[index]
+        except IndexError:
             raise self._missing(index) from None
+        if value is _NOT_KEPT:
+            raise self._missing(index)
+        return value
 
     def _missing(self, index: int) -> PickleError:
-        if index < self._memo_next and self.streaming:
-            return SharedContainer("the pickle refers back to a container read as a stream")
+        if index < len(self._memo) and self.streaming:
+            return SharedContainer("the pickle refers back to an item already handed to a sink")
         return PickleCorrupt(f"the pickle is corrupt (it refers to memo entry {index}, never stored)")
 
+    def _at_sink_item(self) -> bool:
+        """Whether a value built now becomes an item of a sink (appended alone, or in a MARK batch)."""
+        if self.stack and isinstance(self.stack[-1], Sink):
+            return True
+        metastack = self.metastack
+        return bool(metastack) and bool(metastack[-1]) and isinstance(metastack[-1][-1], Sink)
+
     # -- the fast path for plain items inside sinks --
-    def _match_item(self) -> bool:
+    def _match_item(self, keep: bool) -> bool:
         """At an EMPTY_DICT: read the whole dict at once if it is a plain item; False to take the opcode loop.
 
-        A plain item is `{key: scalar, ...}`, optionally ending with one `key: [plain dicts]` (the stack).
-        The scalars are matched by a pattern; the list is first looked up among the spans seen before,
-        which needs only where it ends: it ends at an APPENDS that closes the item (`eu`). A candidate end
+        A plain item is `{key: scalar or short string, ...}`, optionally ending with one `key: [...]` (the
+        stack). The pairs are matched by a pattern; the list is first looked up among the spans seen
+        before, which needs only where it ends: at an APPENDS that closes the item (`eu`). A candidate end
         is only a guess, but a span equal to one the full pattern validated is that same list.
+        Memo slots are taken in the order of the stream: the dict, its new strings, the list, its new dicts.
         """
         buf = self._buf
         head = _ITEM_HEAD.match(buf, self._pos - 1)
         if head is None:
             return False
         end = head.end()
-        following = buf[end : end + 1]
-        flat = None
-        if following != b"u":
-            key = _LIST_KEY.match(buf, end)
-            if key is None:
+        list_key = None
+        if buf[end : end + 1] != b"u":
+            list_key = _LIST_KEY.match(buf, end)
+            if list_key is None:
                 return False
-            flat, end = self._flat_list(key.end())
-            if flat is None:
-                return False
+        memo = self._memo
+        taken = len(memo)
+        item: dict = {}
+        memo.append(item if keep else _NOT_KEPT)
+        value, fresh = self._tokens, self._fresh_string
         try:
-            value = self._tokens
-            item = {value[k]: value[v] for k, v in _ITEM_PAIR.findall(buf, head.start(1), head.end(1))}
-            if flat is not None:
-                item[value[key.group()]] = flat
+            for k, v in _ITEM_PAIR.findall(buf, head.start(1), head.end(1)):
+                key = fresh(k) if k[0] == 0x8C else value[k]  # first: memo slots follow the stream's order
+                item[key] = fresh(v) if v[0] == 0x8C else value[v]
+            if list_key is not None:
+                token = list_key.group()
+                name = fresh(token) if token[0] == 0x8C else value[token]
+                flat, seen, end = self._list_at(list_key.end(), first_new=len(memo) + 1)
+                if flat is None:
+                    del memo[taken:]
+                    return False
+                memo.append(flat)
+                # New dicts are kept the first time their span is read (torch refers back to them); a span
+                # read again holds other new dicts that nothing refers to (older snapshots).
+                memo.extend([_NOT_KEPT] * len(flat.new_dicts) if seen else flat.new_dicts)
+                item[name] = flat
         except _MemoMiss as miss:
             raise self._missing(miss.index) from None
-        self._memo_next += 1 + (flat.containers if flat is not None else 0)
         self.stack.append(item)
         self._pos = end + 1  # past the SETITEMS
         return True
 
-    def _flat_list(self, start: int) -> tuple[FlatList | None, int]:
-        """The plain list at `start` and where the item's SETITEMS follows it, or (None, 0)."""
+    def _fresh_string(self, token: bytes) -> str:
+        """A short string written for the first time: memoized, and one object per distinct text."""
+        text = self._strings.get(token)
+        if text is None:
+            text = token[2:-1].decode("utf-8", "surrogatepass")
+            if len(self._strings) < _SPAN_CACHE_LIMIT:
+                self._strings[token] = text
+        self._memo.append(text)
+        return text
+
+    def _list_at(self, start: int, first_new: int) -> tuple[FlatList | None, bool, int]:
+        """The list at `start`, whether its span was seen before, and where the item's SETITEMS follows.
+
+        `first_new` is the memo slot its first new dict will take (references inside the span may point
+        to the span's own new dicts: a frame that recurs in one stack)."""
         buf, spans = self._buf, self._spans
         candidate = start
         for _ in range(3):
@@ -421,19 +485,19 @@ class StreamingUnpickler:
                 break
             flat = spans.get(buf[start : candidate + 1])
             if flat is not None:
-                return flat, candidate + 1
-        match = _FLAT_LIST.match(buf, start)
+                return flat, True, candidate + 1
+        match = _LIST.match(buf, start)
         if match is None or buf[match.end() : match.end() + 1] != b"u":
-            return None, 0
+            return None, False, 0
         span = match.group()
         try:
-            flat = _decode_flat_list(span, self._tokens)
+            flat = _decode_list(span, self._tokens, first_new)
         except _MemoMiss as miss:
             raise self._missing(miss.index) from None
         if len(spans) >= _SPAN_CACHE_LIMIT:
             spans.clear()
         spans[span] = flat
-        return flat, match.end()
+        return flat, False, match.end()
 
 
 class _Unframed:
@@ -504,13 +568,17 @@ class _Unframed:
 class _Tokens(dict):
     """The value of each scalar token, by its bytes; memo references and small ints are kept, as they recur."""
 
-    def __init__(self, memo: dict[int, Any]) -> None:
+    def __init__(self, memo: list) -> None:
         super().__init__()
         self._memo = memo
 
     def __missing__(self, token: bytes) -> Any:
         value = _decode_scalar(token, self._memo)
+        if value is _NOT_KEPT:
+            raise _MemoMiss(_get_index(token))
         if token[0] in _CACHEABLE:
+            if len(self) >= _SPAN_CACHE_LIMIT:  # references to stacks are many and each used once or twice
+                self.clear()
             self[token] = value
         return value
 
@@ -530,15 +598,19 @@ def pickle_highest_protocol() -> int:
     return pickle.HIGHEST_PROTOCOL
 
 
-def _decode_get(token: bytes, memo: dict) -> Any:
-    index = token[1] if token[0] == 0x68 else int.from_bytes(token[1:5], "little")
+def _get_index(token: bytes) -> int:
+    return token[1] if token[0] == 0x68 else int.from_bytes(token[1:5], "little")
+
+
+def _decode_get(token: bytes, memo: list) -> Any:
+    index = _get_index(token)
     try:
         return memo[index]
-    except KeyError:
+    except IndexError:
         raise _MemoMiss(index) from None
 
 
-def _decode_scalar(token: bytes, memo: dict) -> Any:
+def _decode_scalar(token: bytes, memo: list) -> Any:
     op = token[0]
     if op == 0x68 or op == 0x6A:
         return _decode_get(token, memo)
@@ -559,25 +631,38 @@ def _decode_scalar(token: bytes, memo: dict) -> Any:
     return _UNPACK_BINFLOAT(token[1:9])[0]  # BINFLOAT, the last alternative of the pattern
 
 
-def _decode_flat_list(span: bytes, value: _Tokens) -> FlatList:
-    """The items of a span that matched `_FLAT_LIST`, dict by dict (a stack frame is a dict of three pairs).
-
-    Between the dicts of a valid span there are only batch marks (MARK, APPENDS) and a final APPEND.
-    """
-    items = []
+def _decode_list(span: bytes, value: _Tokens, first_new: int) -> FlatList:
+    """The items of a span that matched `_LIST`, entry by entry: a new dict (a stack frame is a dict of
+    three pairs) or a reference to an earlier one. Between the entries of a valid span there are only
+    batch marks (MARK, APPENDS) and a final APPEND. `first_new` is the memo slot of its first new dict."""
+    items: list = []
+    new_dicts: list = []
     pos, end = 2, len(span)  # past EMPTY_LIST, MEMOIZE
     while pos < end:
-        if span[pos] != 0x7D:  # MARK, APPENDS or APPEND
+        op = span[pos]
+        if op == 0x68 or op == 0x6A:
+            size = 2 if op == 0x68 else 5
+            token = span[pos : pos + size]
+            index = _get_index(token)
+            if index < first_new:
+                items.append(value[token])
+            elif index - first_new < len(new_dicts):
+                items.append(new_dicts[index - first_new])
+            else:
+                raise _MemoMiss(index)
+            pos += size
+        elif op == 0x7D:
+            match = _DICT3.match(span, pos)
+            if match is not None:
+                k1, v1, k2, v2, k3, v3 = match.groups()
+                entry = {value[k1]: value[v1], value[k2]: value[v2], value[k3]: value[v3]}
+            else:
+                match = _FLAT_DICT.match(span, pos)
+                body = match.group(1) or match.group(2)
+                entry = {value[k]: value[v] for k, v in _PAIR_TOKENS.findall(body)} if body else {}
+            items.append(entry)
+            new_dicts.append(entry)
+            pos = match.end()
+        else:  # MARK, APPENDS or APPEND
             pos += 1
-            continue
-        match = _DICT3.match(span, pos)
-        if match is not None:
-            k1, v1, k2, v2, k3, v3 = match.groups()
-            items.append({value[k1]: value[v1], value[k2]: value[v2], value[k3]: value[v3]})
-        else:
-            match = _FLAT_DICT.match(span, pos)
-            body = match.group(1) or match.group(2)
-            pairs = _ITEM_PAIR.findall(body) if body else ()
-            items.append({value[k]: value[v] for k, v in pairs})
-        pos = match.end()
-    return FlatList(items, 1 + len(items))  # the list and each dict were memoized
+    return FlatList(items, new_dicts)
