@@ -256,12 +256,15 @@ class _Builder:
             kind = OTHER
             if len(history) < _ACTIONS_CHECKED:
                 self._unknown_actions.add(str(action))
-        time_us = event.get("time_us")
+        addr, size, time_us = event.get("addr"), event.get("size"), event.get("time_us")
         history.kind.append(kind)
-        history.addr.append(_clamp(event.get("addr")))
-        history.size.append(_clamp(event.get("size")))
-        history.time_us.append(_clamp(time_us) if time_us is not None else _NO_TIME)
-        history.site.append(self._site(event.get("frames")))
+        history.addr.append(addr if type(addr) is int and _INT64_MIN <= addr <= _INT64_MAX else _clamp(addr))
+        history.size.append(size if type(size) is int and _INT64_MIN <= size <= _INT64_MAX else _clamp(size))
+        if type(time_us) is not int or not _INT64_MIN <= time_us <= _INT64_MAX:
+            time_us = _NO_TIME if time_us is None else _clamp(time_us)
+        history.time_us.append(time_us)
+        frames = event.get("frames")
+        history.site.append(frames.summary(self._intern) if type(frames) is FlatList else self._site(frames))
         if kind == OOM and event.get("device_free") is not None:
             history.device_free[len(history) - 1] = _int(event.get("device_free"))
         self._events += 1
@@ -293,10 +296,13 @@ class _Builder:
         return snapshot
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _clamp(value: Any) -> int:
     """An int64 column value: addresses, sizes and times always fit; anything else reads as 0."""
     number = _int(value)
-    return number if -(1 << 63) <= number < (1 << 63) else 0
+    return number if _INT64_MIN <= number <= _INT64_MAX else 0
 
 
 # -- from already unpickled data (small files, and data built in memory) --
