@@ -1,8 +1,8 @@
 """CUDA caching-allocator snapshots (`torch.cuda.memory._dump_snapshot`), read safely into a lean form.
 
 The pickle holds plain data only, so it is never given to `pickle.load`. A snapshot of gigabytes is
-almost all history: one dict per allocator event, each with its stack as a list of frame dicts. Held
-as Python objects that is about nine times the file, so the file is read as a stream
+almost all history: one dict per allocator event, each with its stack (a list of frame dicts, shared
+with other stacks). Held as Python objects that is about five times the file, so the file is read as a stream
 (`pickle_stream`): each event is reduced, as it is read, to five numbers in typed arrays and the index
 of its *site*, the result of the caller's `fold` of its stack (identical stacks are folded once).
 What stays in memory is a few dozen bytes per event, whatever the depth of the stacks.

@@ -1,7 +1,7 @@
 """A restricted pickle reader that streams: for plain-data pickles too large to hold as Python objects.
 
 `safe_pickle` hands the whole file to the C unpickler, which is fast but builds every object: a CUDA
-memory snapshot of 1 GB becomes about 9 GB of dicts, mostly the stack frames of its history events.
+memory snapshot of 1 GB becomes about 5 GB of dicts, one per history event.
 This reader runs the pickle machine itself, over a file read in chunks, and lets its caller replace
 chosen lists by *sinks*: a sink receives its items as they are appended and keeps what it wants
 (a few numbers per event), so the history never exists as a whole.
