@@ -165,6 +165,10 @@ def test_old_formats_are_tolerated(tmp_path):
     [
         ({"version": 99, "blob": [1, 2]}, "not a CUDA memory snapshot"),
         ({"segments": {"a": 1}}, "unknown snapshot format"),
+        ({"segments": [], "device_traces": {"a": 1}}, "unknown snapshot format"),
+        ({"segments": 5, "device_traces": [[]]}, "unknown snapshot format"),
+        ({"segments": [], "device_traces": [5]}, "per-device lists"),
+        ({"segments": [1]}, "not a CUDA memory snapshot"),
         ([1, 2, 3], "not a list of allocator segments"),
         ("hello", "not a CUDA memory snapshot"),
     ],

@@ -476,4 +476,5 @@ def _stream(stream: BinaryIO, path: str, fold: Fold, progress: Callable[[int], N
     ):
         # "segments" appeared near the start but not as a snapshot's key: judge the data as it is.
         return interpret(top, path, fold)
+    _check_top_level(top, path)  # the other key may still be of the wrong kind
     return builder.finish(top)
