@@ -40,6 +40,8 @@ _CHUNK = 1 << 20
 # of thousands of frames) is simply read by the opcode loop.
 _LOOKAHEAD = 256 << 10
 _SPAN_CACHE_LIMIT = 20_000
+# How far to look for where a stack ends before matching it instead (a 30-frame stack is ~100-600 bytes).
+_CANDIDATE_WINDOW = 16 << 10
 
 _REFUSED = {
     b"c"[0]: "GLOBAL",
@@ -478,9 +480,11 @@ class StreamingUnpickler:
         `first_new` is the memo slot its first new dict will take (references inside the span may point
         to the span's own new dicts: a frame that recurs in one stack)."""
         buf, spans = self._buf, self._spans
-        candidate = start
+        if buf[start + 2 : start + 3] == b"u":  # an empty list (a free recorded without a stack)
+            return FlatList([], []), False, start + 2
+        candidate, window = start, start + _CANDIDATE_WINDOW
         for _ in range(3):
-            candidate = buf.find(b"eu", candidate + 1)
+            candidate = buf.find(b"eu", candidate + 1, window)
             if candidate < 0:
                 break
             flat = spans.get(buf[start : candidate + 1])
