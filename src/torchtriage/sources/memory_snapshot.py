@@ -43,7 +43,7 @@ ACTION_KINDS = {
 }
 # Unknown actions are looked for among the first events of each device only: enough to notice a newer format.
 _ACTIONS_CHECKED = 1000
-_STACK_CACHE_LIMIT = 20_000
+_STACK_CACHE_LIMIT = 50_000
 _NO_TIME = -1
 _PROGRESS_EVERY = 200_000
 
@@ -163,13 +163,14 @@ class _Builder:
         self._fold = fold
         self._site_index: dict[Hashable, int] = {}
         self._stacks: dict[tuple, int] = {}
+        self._by_frames: dict[tuple, tuple[int, list]] = {}
         self._unknown_actions: set[str] = set()
         self._saw_segments = False
 
     # -- sites --
     def _site(self, frames: Any) -> int:
         if isinstance(frames, FlatList):  # identical stacks read as one shared object: fold it once
-            return frames.summary(self._intern)
+            return frames.summary(self._intern_frames)
         if not isinstance(frames, list):
             frames = []
         key = tuple((f.get("filename"), f.get("line"), f.get("name")) if isinstance(f, dict) else None for f in frames)
@@ -179,6 +180,18 @@ class _Builder:
                 self._stacks.clear()
             index = self._stacks[key] = self._intern(frames)
         return index
+
+    def _intern_frames(self, frames: list) -> int:
+        """A streamed stack's site. Its frame dicts are the reader's own objects, alive in its memo, and torch
+        shares one dict per distinct frame: the same frames in another list are known by their identities."""
+        key = tuple(map(id, frames))
+        known = self._by_frames.get(key)
+        if known is None:
+            if len(self._by_frames) >= _STACK_CACHE_LIMIT:
+                self._by_frames.clear()
+            # The entry holds the frames, so the identities in its key stay theirs while it exists.
+            known = self._by_frames[key] = (self._intern(frames), frames)
+        return known[0]
 
     def _intern(self, frames: list) -> int:
         folded = self._fold(frames)
@@ -264,7 +277,7 @@ class _Builder:
             time_us = _NO_TIME if time_us is None else _clamp(time_us)
         history.time_us.append(time_us)
         frames = event.get("frames")
-        history.site.append(frames.summary(self._intern) if type(frames) is FlatList else self._site(frames))
+        history.site.append(frames.summary(self._intern_frames) if type(frames) is FlatList else self._site(frames))
         if kind == OOM and event.get("device_free") is not None:
             history.device_free[len(history) - 1] = _int(event.get("device_free"))
         self._events += 1

@@ -26,6 +26,7 @@ through the opcode loop, which handles every case.
 from __future__ import annotations
 
 import codecs
+import gc
 import re
 import struct
 from collections.abc import Callable
@@ -39,7 +40,7 @@ _CHUNK = 1 << 20
 # Bytes kept ahead of the cursor before an item is matched as a whole: an item larger than this (a stack
 # of thousands of frames) is simply read by the opcode loop.
 _LOOKAHEAD = 256 << 10
-_SPAN_CACHE_LIMIT = 20_000
+_SPAN_CACHE_LIMIT = 50_000
 # How far to look for where a stack ends before matching it instead (a 30-frame stack is ~100-600 bytes).
 _CANDIDATE_WINDOW = 16 << 10
 
@@ -186,6 +187,17 @@ class StreamingUnpickler:
 
     # -- the machine --
     def load(self) -> Any:
+        # Plain data has no reference cycles for the collector to find, and building millions of small
+        # objects would trigger it over and over, each time walking everything read so far.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._load()
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _load(self) -> Any:
         try:
             return self._run()
         except PickleError:
