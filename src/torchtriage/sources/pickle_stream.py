@@ -589,6 +589,8 @@ class _Tokens(dict):
         self._memo = memo
 
     def __missing__(self, token: bytes) -> Any:
+        if token[0] == 0x8A:  # LONG1: addresses and times, each seen once; not kept
+            return int.from_bytes(token[2:], "little", signed=True)
         value = _decode_scalar(token, self._memo)
         if value is _NOT_KEPT:
             raise _MemoMiss(_get_index(token))
