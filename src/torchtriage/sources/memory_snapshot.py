@@ -60,16 +60,6 @@ class Block(NamedTuple):
     site: Any  # the caller's fold of the block's stack
 
 
-class TraceEvent(NamedTuple):
-    index: int
-    kind: int  # ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, OOM or OTHER
-    addr: int
-    size: int
-    time_us: int | None
-    device_free: int | None  # only on an OOM
-    site: Any
-
-
 @dataclass(frozen=True)
 class SegmentInfo:
     device: int
@@ -125,21 +115,6 @@ class MemorySnapshot:
     def history(self, device: int) -> DeviceHistory:
         return self.histories.get(device) or DeviceHistory()
 
-    def trace(self, device: int) -> Iterator[TraceEvent]:
-        history = self.history(device)
-        sites = self.sites
-        columns = zip(history.kind, history.addr, history.size, history.time_us, history.site, strict=True)
-        for index, (kind, addr, size, time_us, site) in enumerate(columns):
-            yield TraceEvent(
-                index,
-                kind,
-                addr,
-                size,
-                None if time_us == _NO_TIME else time_us,
-                history.device_free.get(index),
-                sites[site],
-            )
-
     def devices(self) -> list[int]:
         found = {segment.device for segment in self.segments}
         found.update(self.devices_with_traces())
@@ -165,7 +140,6 @@ class _Builder:
         self._stacks: dict[tuple, int] = {}
         self._by_frames: dict[tuple, tuple[int, list]] = {}
         self._unknown_actions: set[str] = set()
-        self._saw_segments = False
 
     # -- sites --
     def _site(self, frames: Any) -> int:
@@ -206,7 +180,6 @@ class _Builder:
         if not isinstance(segment, dict):
             raise InputError(f"{self.snapshot.path}: a segment is a {type(segment).__name__}, not a dict: "
                              "not a CUDA memory snapshot.")  # fmt: skip
-        self._saw_segments = True
         device = _int(segment.get("device"))
         seg_address = _int(segment.get("address"))
         address = seg_address
@@ -269,15 +242,12 @@ class _Builder:
             kind = OTHER
             if len(history) < _ACTIONS_CHECKED:
                 self._unknown_actions.add(str(action))
-        addr, size, time_us = event.get("addr"), event.get("size"), event.get("time_us")
+        time_us = event.get("time_us")
         history.kind.append(kind)
-        history.addr.append(addr if type(addr) is int and _INT64_MIN <= addr <= _INT64_MAX else _clamp(addr))
-        history.size.append(size if type(size) is int and _INT64_MIN <= size <= _INT64_MAX else _clamp(size))
-        if type(time_us) is not int or not _INT64_MIN <= time_us <= _INT64_MAX:
-            time_us = _NO_TIME if time_us is None else _clamp(time_us)
-        history.time_us.append(time_us)
-        frames = event.get("frames")
-        history.site.append(frames.summary(self._intern_frames) if type(frames) is FlatList else self._site(frames))
+        history.addr.append(_clamp(event.get("addr")))
+        history.size.append(_clamp(event.get("size")))
+        history.time_us.append(_NO_TIME if time_us is None else _clamp(time_us))
+        history.site.append(self._site(event.get("frames")))
         if kind == OOM and event.get("device_free") is not None:
             history.device_free[len(history) - 1] = _int(event.get("device_free"))
         self._events += 1
@@ -314,6 +284,8 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 def _clamp(value: Any) -> int:
     """An int64 column value: addresses, sizes and times always fit; anything else reads as 0."""
+    if type(value) is int and _INT64_MIN <= value <= _INT64_MAX:  # nearly always: no conversion
+        return value
     number = _int(value)
     return number if _INT64_MIN <= number <= _INT64_MAX else 0
 

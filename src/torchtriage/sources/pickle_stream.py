@@ -26,13 +26,12 @@ through the opcode loop, which handles every case.
 from __future__ import annotations
 
 import codecs
-import gc
 import re
 import struct
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from torchtriage.sources.safe_pickle import PickleCorrupt, PickleError, PickleRefused
+from torchtriage.sources.safe_pickle import TRUNCATED, PickleCorrupt, PickleError, PickleRefused, collector_paused
 
 __all__ = ["Sink", "FlatList", "StreamingUnpickler", "SharedContainer"]
 
@@ -187,25 +186,13 @@ class StreamingUnpickler:
 
     # -- the machine --
     def load(self) -> Any:
-        # Plain data has no reference cycles for the collector to find, and building millions of small
-        # objects would trigger it over and over, each time walking everything read so far.
-        collecting = gc.isenabled()
-        gc.disable()
         try:
-            return self._load()
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _load(self) -> Any:
-        try:
-            return self._run()
+            with collector_paused():
+                return self._run()
         except PickleError:
             raise
         except _Truncated:
-            raise PickleCorrupt(
-                "the pickle is truncated: it ends before its STOP opcode (cut off while being written or copied?)"
-            ) from None
+            raise PickleCorrupt(TRUNCATED) from None
         except (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, struct.error) as err:
             raise PickleCorrupt(f"the pickle is corrupt ({type(err).__name__}: {err})") from None
 

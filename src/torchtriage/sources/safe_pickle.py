@@ -11,9 +11,11 @@ Errors say what was wrong with the data: truncated, corrupt, or hostile.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import pickle
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["PickleError", "PickleRefused", "PickleCorrupt", "safe_loads", "safe_load_file"]
@@ -45,6 +47,23 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise PickleRefused("it refers to an external object (a persistent id), which plain data never needs; refused")
 
 
+TRUNCATED = "the pickle is truncated: it ends before its STOP opcode (cut off while being written or copied?)"
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Plain data has no reference cycles for the collector to find, and building millions of containers
+    would trigger it over and over, each time walking everything built so far (it triples the load time
+    of a large dump)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def safe_loads(data: bytes) -> Any:
     """Unpickle `data`, allowing only plain containers and scalars."""
     if not data:
@@ -52,18 +71,13 @@ def safe_loads(data: bytes) -> Any:
     # A buffer no larger than the data: allocating (and touching) a megabyte for a 40 KB dump costs 10%.
     size = max(io.DEFAULT_BUFFER_SIZE, min(len(data), _BUFFER))
     stream = io.BufferedReader(io.BytesIO(data), size)  # type: ignore[arg-type]
-    # Plain data has no reference cycles for the collector to find, and building millions of containers
-    # would trigger it over and over (it triples the load time of a large dump).
-    collecting = gc.isenabled()
-    gc.disable()
     try:
-        value = _PlainDataUnpickler(stream).load()
+        with collector_paused():
+            value = _PlainDataUnpickler(stream).load()
     except PickleError:
         raise
     except EOFError:
-        raise PickleCorrupt(
-            "the pickle is truncated: it ends before its STOP opcode (cut off while being written or copied?)"
-        ) from None
+        raise PickleCorrupt(TRUNCATED) from None
     except pickle.UnpicklingError as err:
         reason = str(err)
         if "truncated" in reason:
@@ -74,9 +88,6 @@ def safe_loads(data: bytes) -> Any:
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError, OverflowError) as err:
         # Opcodes in an impossible order (corruption) surface as ordinary exceptions from the pickle machine.
         raise PickleCorrupt(f"the pickle is corrupt ({type(err).__name__}: {err})") from None
-    finally:
-        if collecting:
-            gc.enable()
     return value
 
 
