@@ -29,7 +29,7 @@ def test_h200_text_dump_gives_process_header_thread_and_frames_innermost_first()
         "<module> (nccl_case.py:25)",
     ]
     assert not process.has_native_frames
-    assert thread.frames[0].dump_line == 5  # for evidence pointing into the dump
+    assert thread.frames[0].printed_at == 5  # for evidence pointing into the dump
 
 
 def test_h200_native_dump_marks_native_frames_and_keeps_python_ones():

@@ -15,7 +15,9 @@ import pytest
 from conftest import FIXTURES, H200
 from torchtriage.analysis import stacks as S
 from torchtriage.analysis.stacks import analyze_positions, analyze_stacks, classify_thread, stacks_verdict
-from torchtriage.sources.pyspy import ProcessStack, StackFrame, ThreadStack, load_rank_dumps, parse_dump
+from torchtriage.knowledge.stacks import is_library_file
+from torchtriage.model import Frame, SourceKind
+from torchtriage.sources.pyspy import ProcessStack, ThreadStack, load_rank_dumps, parse_dump
 
 STACKS = FIXTURES / "stacks"
 HANG_JOB = Path(__file__).parent / "jobs" / "hang.py"
@@ -135,7 +137,7 @@ def test_h200_size_and_op_both_wait_for_the_gpu_at_different_lines_and_stay_unde
 # --- stacks built here -----------------------------------------------------------------------------
 
 
-def frame(text: str) -> StackFrame:
+def frame(text: str) -> Frame:
     """'func (file:line)' or 'func (lib.so)' -> a frame, parsed the way a dump line is."""
     (process,) = parse_dump(f'Process 1: p\nPython v3.11.0 (/p)\n\nThread 1 (idle): "MainThread"\n    {text}\n')
     return process.threads[0].frames[0]
@@ -263,12 +265,12 @@ def test_no_python_frames_is_its_own_state():
     ],
 )
 def test_library_or_user_file(path, library):
-    assert S.is_library_file(path) == library
+    assert is_library_file(path) == library
 
 
 def test_positions_can_be_analysed_without_dumps():
-    rank0 = S.RankPosition(0, S.COLLECTIVE, "all_reduce", None, frame("step (t.py:3)"), "a")
-    rank1 = S.RankPosition(1, S.COMPUTING, None, None, frame("step (t.py:9)"), "b")
+    rank0 = S.RankPosition(0, S.COLLECTIVE, "all_reduce", None, frame("step (t.py:3)"), SourceKind.PYSPY, "a")
+    rank1 = S.RankPosition(1, S.COMPUTING, None, None, frame("step (t.py:9)"), SourceKind.PYSPY, "b")
     analysis = analyze_positions({1: rank1, 0: rank0})
     assert analysis.culprit_ranks == [1] and list(analysis.positions) == [0, 1]
 

@@ -1,42 +1,186 @@
-"""The shared model of a diagnosis: evidence, findings, actions and the verdict.
+"""The shared vocabulary of a diagnosis: what a source says, what an analysis finds, and the verdict.
 
-Every diagnosing command ends in a `Verdict`. Its JSON form (`Verdict.to_json`) is a public,
-versioned interface: add keys freely, but never rename or remove one without bumping `SCHEMA`.
+One name for one concept, everywhere:
+
+- `Frame` is one frame of a stack, whoever printed it: a Python traceback in a log, py-spy, a
+  faulthandler dump, the flight recorder's call sites, the hang watchdog's own dumps.
+- `RankPosition` is where one rank is: its state (in a collective, waiting for the GPU, in the data
+  loader, ...), the op and process group it waits in, the frame that decided it and the user's line.
+- `Finding` is one thing an analyzer found, with the ranks it is about, its evidence and facts;
+  `Verdict` is what fusion makes of all findings. Every `Action` comes from the knowledge base.
+
+The JSON form of a verdict (`Verdict.to_json`) is a public, versioned interface: add keys freely, but
+never rename or remove one without bumping `SCHEMA`. The enums below are `str`s, so they compare with
+and serialise as their plain values.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
 
 SCHEMA = "torchtriage.verdict/1"
 
-CATEGORIES = (
-    "hang",
-    "nccl_timeout",
-    "oom",
-    "nan_inf",
-    "deepep",
-    "nccl_transport",
-    "gpu_fault",
-    "rendezvous",
-    "host_oom",
-    "environment",
-    "usage",
-    "straggler",
-    "unknown",
-)
 
-# How much a finding explains: a root cause in itself, a failure whose cause may lie elsewhere,
-# or the aftermath of another rank's failure. Ordered from most to least explanatory.
-ROLES = ("primary", "symptom", "collateral")
+class _Vocabulary(str, Enum):
+    """A closed set of names that is also a plain string (in comparisons, f-strings and JSON)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+class Category(_Vocabulary):
+    """What kind of failure a verdict or finding is about."""
+
+    HANG = "hang"
+    NCCL_TIMEOUT = "nccl_timeout"
+    OOM = "oom"
+    NAN_INF = "nan_inf"
+    DEEPEP = "deepep"
+    NCCL_TRANSPORT = "nccl_transport"
+    GPU_FAULT = "gpu_fault"
+    RENDEZVOUS = "rendezvous"
+    HOST_OOM = "host_oom"
+    ENVIRONMENT = "environment"
+    USAGE = "usage"
+    STRAGGLER = "straggler"
+    UNKNOWN = "unknown"
+
+
+class Role(_Vocabulary):
+    """How much a finding explains, from most to least: a root cause in itself, a failure whose cause
+    may lie elsewhere, or the aftermath of another rank's failure."""
+
+    PRIMARY = "primary"
+    SYMPTOM = "symptom"
+    COLLATERAL = "collateral"
+
+
+class Confidence(_Vocabulary):
+    LOW = "low"
+    MEDIUM = "medium"
+    HIGH = "high"
+
+    def lowered(self) -> Confidence:
+        order = list(Confidence)
+        return order[max(0, order.index(self) - 1)]
+
+
+class SourceKind(_Vocabulary):
+    """The kinds of artifact torchtriage reads (see `sources.registry`)."""
+
+    LOG = "log"
+    PYSPY = "pyspy"
+    FAULTHANDLER = "faulthandler"
+    FLIGHT_RECORDER = "flight_recorder"
+    PROFILER_TRACE = "profiler_trace"
+    MEMORY_SNAPSHOT = "memory_snapshot"
+    MEMORY_TIMELINE = "memory_timeline"
+    NVIDIA = "nvidia"
+    TORCHTRIAGE_OUTPUT = "torchtriage_output"
+    UNKNOWN = "unknown"
+
+
+class RankState(_Vocabulary):
+    """What a rank's main thread is doing, as its stack shows."""
+
+    COLLECTIVE = "collective"  # inside a collective or p2p op (or Work.wait)
+    GPU_WAIT = "gpu_wait"  # waiting for the GPU, typically right after an asynchronous collective
+    DATALOADER = "dataloader"  # waiting for, or fetching, a DataLoader batch
+    LOCK = "lock"  # blocked on a lock, condition, event, queue or thread join
+    SLEEPING = "sleeping"  # time.sleep, or idle in user code in a C call py-spy cannot see without --native
+    BLOCKED = "blocked"  # idle in a system call that is none of the above (I/O, a socket)
+    COMPUTING = "computing"  # active: running Python or C code
+    NO_STACK = "no_stack"  # no main thread, or no Python frame in it
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for its peers: in a collective, or for the GPU to finish one."""
+        return self in (RankState.COLLECTIVE, RankState.GPU_WAIT)
+
+
+# Kept as tuples for argparse choices and validation messages.
+CATEGORIES = tuple(c.value for c in Category)
+ROLES = tuple(r.value for r in Role)
+
+
+@dataclass(frozen=True)
+class Local:
+    """A local variable or argument of a frame, as py-spy --locals prints it."""
+
+    name: str
+    repr: str | None
+    is_argument: bool
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a stack."""
+
+    file: str  # as the source gave it: a full path, or py-spy's short form in its text dumps
+    line: int  # 0 when unknown (native frames)
+    function: str
+    native: bool = False  # a C/C++ frame, not Python code
+    short_file: str | None = None  # py-spy's short form of `file`, when the source gave both
+    locals: tuple[Local, ...] = ()
+    printed_at: int | None = None  # the line of the artifact that shows this frame, for evidence
+
+    @property
+    def text(self) -> str:
+        """The frame the way py-spy prints it: `function (file:line)`."""
+        shown = self.short_file or self.file
+        return f"{self.function} ({shown}:{self.line})" if self.line else f"{self.function} ({shown})"
+
+    @property
+    def site(self) -> str:
+        """`file:line` with the short file name where there is one."""
+        shown = (self.short_file or self.file).replace("\\", "/")
+        return f"{shown}:{self.line}" if self.line else shown
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+    def to_fact(self, rank: int | None = None) -> dict[str, Any]:
+        """The frame as the verdict's `user_frame` fact."""
+        return {"file": self.file, "line": self.line, "function": self.function, "rank": rank}
+
+
+@dataclass(frozen=True)
+class RankPosition:
+    """Where one rank is, and which source said so."""
+
+    rank: int
+    state: RankState
+    op: str | None  # the collective ("all_reduce") or the wait ("torch.cuda.synchronize"), else None
+    where: Frame | None  # the frame that decided the state
+    user_frame: Frame | None  # the innermost frame in the user's code: the line that called it
+    source: SourceKind
+    file: str  # the artifact it was read from
+    thread_name: str | None = None
+    process_group: str | None = None  # the process group it waits in, when the source names one
+    seq: int | None = None  # that group's sequence number, when the source names one
+
+    @property
+    def waiting(self) -> bool:
+        return self.state.waiting
+
+    @property
+    def signature(self) -> tuple:
+        """Ranks with equal signatures are at the same place: same state, op and call site."""
+        site = (self.user_frame.short_file or self.user_frame.file, self.user_frame.line) if self.user_frame else None
+        if site is not None:
+            site = (site[0].replace("\\", "/"), site[1])
+        return (self.state, self.op, site)
 
 
 @dataclass(frozen=True)
 class Evidence:
     """A pointer to what a finding rests on: one line of one artifact."""
 
-    source: str  # the kind of artifact: "log", "pyspy", "flight_recorder", ...
+    source: str  # a SourceKind, or "analysis" for what torchtriage derived
     file: str | None = None
     line: int | None = None
     rank: int | None = None
@@ -45,17 +189,24 @@ class Evidence:
 
 @dataclass
 class Finding:
-    kind: str  # a rule id ("nccl.watchdog_timeout") or an analyzer's kind ("lagging_rank")
+    """One thing an analyzer found.
+
+    `kind` is the id of the knowledge-base entry that describes it — a log rule ("nccl.watchdog_timeout")
+    or an analysis ("fr.not_joined") — and routes it to its actions. `facts` fill the actions' templates.
+    """
+
+    kind: str
     ranks: list[int]
     message: str
-    role: str = "symptom"
-    category: str = "unknown"
+    role: Role | str = Role.SYMPTOM
+    category: Category | str = Category.UNKNOWN
     evidence: list[Evidence] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Action:
-    rule: str
+    rule: str  # the knowledge-base entry it comes from
     title: str
     detail: str
     command: str | None = None
@@ -64,10 +215,10 @@ class Action:
 
 @dataclass
 class Verdict:
-    category: str
+    category: Category | str
     culprit_ranks: list[int]
     summary: str
-    confidence: str = "low"  # "high" | "medium" | "low"
+    confidence: Confidence | str = Confidence.LOW
     findings: list[Finding] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
@@ -80,6 +231,8 @@ class Verdict:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        for finding in data["findings"]:
+            finding.pop("facts", None)  # the inputs of the actions' templates, not part of the schema
         data["schema"] = SCHEMA
         # Keys in a fixed, readable order: the schema first, then what a person reads first.
         order = ["schema", "category", "culprit_ranks", "summary", "confidence"]

@@ -17,11 +17,9 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from torchtriage.analysis.collective_positions import odd_ones_out, positions
-from torchtriage.analysis.frames import innermost_user_frame
-from torchtriage.analysis.log_records import LogEvent, LogRecords
-from torchtriage.analysis.ranks import format_ranks
-from torchtriage.model import Evidence, Finding
+from torchtriage.analysis.log_records import LogEvent, LogRecords, PyTraceback
+from torchtriage.model import Evidence, Finding, RankPosition
+from torchtriage.ranks import format_ranks
 
 _MAX_EVIDENCE = 4
 TIMEOUT_KINDS = ("op_mismatch", "size_mismatch", "lagging_rank", "idle_rank", "collective_mismatch")
@@ -141,10 +139,47 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
     return None
 
 
+def latest_positions(tracebacks: list[PyTraceback]) -> dict[int, RankPosition]:
+    """Each rank's position from its last traceback."""
+    found: dict[int, RankPosition] = {}
+    for tb in tracebacks:
+        position = tb.position()
+        if position is not None:
+            found[position.rank] = position
+    return found
+
+
+def _place(position: RankPosition) -> str | None:
+    """The collective (or GPU wait) a rank waits in; None when it waits in none."""
+    return position.op if position.waiting else None
+
+
+def odd_ones_out(found: dict[int, RankPosition], waiting_ranks: set[int]) -> tuple[list[int], str | None]:
+    """Ranks not in the collective the others wait in, and that collective.
+
+    The ranks that timed out define where the job waits; without them, the strict majority does.
+    Returns ([], None) when the stacks do not single anyone out.
+    """
+    if len(found) < 2:
+        return [], None
+    waiting = [_place(found[r]) for r in waiting_ranks if r in found and _place(found[r])]
+    if waiting:
+        expected = Counter(waiting).most_common(1)[0][0]
+    else:
+        counts = Counter(_place(p) for p in found.values()).most_common()
+        if counts[0][0] is None or (len(counts) > 1 and counts[0][1] == counts[1][1]):
+            return [], None
+        expected = counts[0][0]
+    culprits = sorted(rank for rank, p in found.items() if _place(p) != expected)
+    if not culprits or len(culprits) == len(found):
+        return [], None
+    return culprits, expected
+
+
 def traceback_outliers(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], Finding | None, dict]:
     """Reading 3: a rank whose Python stack is in another collective, or none."""
-    found = positions(records.tracebacks, innermost_user_frame)
-    facts = {"collective_by_rank": {str(r): p.collective for r, p in sorted(found.items())}} if found else {}
+    found = latest_positions(records.tracebacks)
+    facts = {"collective_by_rank": {str(r): _place(p) for r, p in sorted(found.items())}} if found else {}
     culprits, expected = odd_ones_out(found, waiting_ranks)
     if not culprits:
         return [], None, facts
@@ -152,8 +187,8 @@ def traceback_outliers(records: LogRecords, waiting_ranks: set[int]) -> tuple[li
     parts = []
     for rank in culprits:
         where = found[rank]
-        site = f" at {where.call_site.path}:{where.call_site.line}" if where.call_site else ""
-        parts.append(f"rank {rank} was in {where.collective or 'no collective'}{site}")
+        site = f" at {where.user_frame.file}:{where.user_frame.line}" if where.user_frame else ""
+        parts.append(f"rank {rank} was in {_place(where) or 'no collective'}{site}")
     message = f"{'; '.join(parts)}, while {format_ranks(others)} waited in {expected}"
     evidence = [
         Evidence("log", tb.file, tb.exception_line or tb.line, tb.rank, f"{tb.exception}: {tb.message}"[:500])

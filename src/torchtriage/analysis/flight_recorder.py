@@ -23,9 +23,9 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from torchtriage.analysis.ranks import format_ranks
-from torchtriage.model import Action, Evidence, Finding, Verdict
-from torchtriage.sources.flight_recorder import CallSite, LoadResult, P2POp, RankDump, Signature, Track
+from torchtriage.model import Action, Evidence, Finding, Frame, Verdict
+from torchtriage.ranks import format_ranks
+from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump, Signature, Track
 
 ABSENT = "<not enqueued>"  # the rank never enqueued this seq
 _UNKNOWN = None  # before the rank's buffer start, or enqueued (pg_status) but not in the buffer
@@ -531,7 +531,7 @@ def _call_sites(d: Disagreement, dumps: dict[int, RankDump]) -> dict[str, str]:
     return sites
 
 
-def _culprit_site(d: Disagreement, dumps: dict[int, RankDump]) -> tuple[int, CallSite] | None:
+def _culprit_site(d: Disagreement, dumps: dict[int, RankDump]) -> tuple[int, Frame] | None:
     """Where the culprit is: its op at the seq, or (if it never enqueued it) its last op."""
     for rank in d.culprits:
         dump = dumps.get(rank)
@@ -759,7 +759,7 @@ def _summary(lead: Disagreement | None, culprits: list[int], findings, load: Loa
     return findings[0].message if findings else f"disagreement at {op}"
 
 
-def _actions(lead: Disagreement, culprits: list[int], where: tuple[int, CallSite] | None) -> list[Action]:
+def _actions(lead: Disagreement, culprits: list[int], where: tuple[int, Frame] | None) -> list[Action]:
     actions = []
     if culprits:
         who = format_ranks(culprits)

@@ -12,8 +12,8 @@ Each source is analysed on its own into a Verdict (`triage`, `fr`, the stack ana
 
 from __future__ import annotations
 
-from torchtriage.analysis.ranks import format_ranks
 from torchtriage.model import Action, Finding, Verdict
+from torchtriage.ranks import format_ranks
 
 # The order in which sources are trusted to name the culprit of a hang.
 SOURCES = ("logs", "flight_recorder", "stacks")

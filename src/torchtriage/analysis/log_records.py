@@ -13,16 +13,10 @@ from dataclasses import dataclass, field
 
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import Rule
+from torchtriage.model import Frame, RankPosition, SourceKind
 from torchtriage.sources.files import Artifact, Unreadable, open_text_stream
 from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, scan_lines
-
-
-@dataclass(frozen=True)
-class Frame:
-    path: str
-    line: int
-    function: str
 
 
 @dataclass
@@ -44,11 +38,19 @@ class PyTraceback:
     rank: int | None
     file: str
     line: int  # where the traceback starts
-    frames: list[Frame] = field(default_factory=list)
+    frames: list[Frame] = field(default_factory=list)  # outermost first, as Python prints them
     exception: str | None = None  # the exception's qualified type name
     message: str = ""
     exception_line: int | None = None
     time: float | None = None
+
+    def position(self) -> RankPosition | None:
+        """Where its rank was when the traceback was printed (None without a rank or frames)."""
+        from torchtriage.analysis.positions import position_of
+
+        if self.rank is None or not self.frames:
+            return None
+        return position_of(self.rank, self.frames[::-1], active=None, source=SourceKind.LOG, file=self.file)
 
 
 @dataclass
@@ -160,7 +162,9 @@ class _FileReader:
             # A log cut inside a traceback still has its frames: start one without the header.
             current = self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
         if frame:
-            current.frames.append(Frame(frame.group("path"), int(frame.group("line")), frame.group("func") or "?"))
+            current.frames.append(
+                Frame(frame.group("path"), int(frame.group("line")), frame.group("func") or "?", printed_at=line_no)
+            )
             return
         if text[:1].isspace():
             return  # the source line under a frame, or its ^^^^ marker: still inside the traceback

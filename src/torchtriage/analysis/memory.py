@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchtriage.analysis.frames import is_user_frame
 from torchtriage.analysis.memory_facts import FRAGMENTATION_SHARE
+from torchtriage.knowledge.stacks import is_user_file
 from torchtriage.model import Action, Evidence, Finding, Verdict
 from torchtriage.sources.memory_snapshot import (
     ALLOC,
@@ -71,7 +71,7 @@ def fold_frames(frames: list) -> tuple[str, tuple[str, ...]]:
             text = f"{filename}:{raw.get('line', 0)} in {name}"
             if first_python is None:
                 first_python = text
-            if is_user_frame(filename):
+            if is_user_file(filename):
                 user.append(text)
                 if len(user) == 4:
                     break

@@ -15,14 +15,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from torchtriage.analysis.collective_positions import collective_of
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
-from torchtriage.analysis.frames import innermost_user_frame
 from torchtriage.analysis.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 from torchtriage.analysis.memory_facts import memory_findings
-from torchtriage.analysis.ranks import format_ranks
+from torchtriage.analysis.positions import innermost_user_frame
 from torchtriage.knowledge.rules import rule_by_id
-from torchtriage.model import ROLES, Action, Evidence, Finding, Verdict
+from torchtriage.model import ROLES, Action, Evidence, Finding, RankState, Verdict
+from torchtriage.ranks import format_ranks
 
 _MAX_EVIDENCE = 4
 # Exceptions a launcher raises about its children: never the cause, always a report of it.
@@ -106,6 +105,12 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
 _BLOCKED_RULE = "hang.stack_in_collective"
 
 
+def collective_of(tb: PyTraceback) -> str | None:
+    """The collective a traceback's stack is inside, if any."""
+    position = tb.position()
+    return position.op if position is not None and position.state is RankState.COLLECTIVE else None
+
+
 def _blocked_in_collective(tb: PyTraceback, order_base: int) -> _Candidate | None:
     """A stack that ends inside a collective with no exception after it: a capture of a blocked rank."""
     op = collective_of(tb)
@@ -124,7 +129,7 @@ def _blocked_in_collective(tb: PyTraceback, order_base: int) -> _Candidate | Non
         file=tb.file,
         line=tb.line,
         order=order_base + tb.line,
-        text=f'File "{last.path}", line {last.line}, in {last.function} (stack ends inside {op})',
+        text=f'File "{last.file}", line {last.line}, in {last.function} (stack ends inside {op})',
     )
 
 
@@ -206,14 +211,14 @@ def _user_frame(records: LogRecords, ranks: list[int], near: _Candidate):
     ordered = sorted(records.tracebacks, key=lambda tb: (tb.file != near.file, abs(tb.line - near.line)))
     for tb in ordered:
         if tb.rank in ranks:
-            frame = innermost_user_frame(tb)
+            frame = innermost_user_frame(tb.frames[::-1])
             if frame:
                 return tb, frame
     return None, None
 
 
 def _frame_fact(tb: PyTraceback, frame) -> dict:
-    return {"file": frame.path, "line": frame.line, "function": frame.function, "rank": tb.rank}
+    return frame.to_fact(tb.rank)
 
 
 def _actions(primary: _Candidate, findings: list[Finding], extra: list[Action]) -> list[Action]:
@@ -332,7 +337,7 @@ def _culprit_action(findings: list[Finding], culprits: list[int], frame) -> Acti
     if lead is None or not culprits:
         return None
     who = format_ranks(culprits)
-    where = f" at {frame.path}:{frame.line} (in {frame.function})" if frame else ""
+    where = f" at {frame.file}:{frame.line} (in {frame.function})" if frame else ""
     if lead.kind == "collective_mismatch":
         detail = (
             f"{who} reached a different collective{where} than the one its peers wait in. Every rank must issue "
@@ -366,7 +371,7 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
         return f"{head}; the log does not say which rank"
     if not culprits:
         return f"{head}; the culprit rank is not in the logs"
-    where = f" at {frame.path}:{frame.line} in {frame.function}" if frame else ""
+    where = f" at {frame}" if frame else ""
     return f"{head} on {format_ranks(culprits)}{where}"
 
 

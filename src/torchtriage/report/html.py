@@ -443,7 +443,9 @@ def findings_table(verdict: Verdict) -> str:
 
 
 def stacks_section(positions: dict[int, Any], dumps: dict[int, Any], culprits: list[int]) -> str:
-    """Per rank: its state and where (analysis.stacks.RankPosition), and its main thread's stack."""
+    """Per rank: its state and where (a RankPosition), and its main thread's stack."""
+    from torchtriage.analysis.positions import describe
+
     rows = ['<table><tr><th>rank</th><th class="l">state</th><th class="l">op</th><th class="l">user frame</th>'
             '<th class="l">dump</th></tr>']  # fmt: skip
     for rank, position in sorted(positions.items()):
@@ -452,7 +454,7 @@ def stacks_section(positions: dict[int, Any], dumps: dict[int, Any], culprits: l
         rows.append(
             f"<tr{mark}><td>{rank}{' (culprit)' if rank in culprits else ''}</td>"
             f"<td class='l'>{esc(position.state)}</td><td class='l'>{esc(position.op or '')}</td>"
-            f"<td class='l'><code>{esc(frame)}</code></td><td class='l'><code>{esc(position.source)}</code></td></tr>"
+            f"<td class='l'><code>{esc(frame)}</code></td><td class='l'><code>{esc(position.file)}</code></td></tr>"
         )
     rows.append("</table>")
     for rank, process in sorted(dumps.items()):
@@ -460,7 +462,7 @@ def stacks_section(positions: dict[int, Any], dumps: dict[int, Any], culprits: l
         frames = [f for f in thread.frames] if thread else []
         text = "\n".join(f"  {'[native] ' if f.native else ''}{f.text}" for f in frames) or "  (no frame)"
         name = (thread.name if thread else None) or "main thread"
-        state = positions[rank].describe() if rank in positions else ""
+        state = describe(positions[rank]) if rank in positions else ""
         rows.append(
             f"<details{' open' if rank in culprits else ''}><summary>rank {rank}: {esc(state)}</summary>"
             f"<pre>pid {process.pid}, {esc(name)} (innermost first)\n{esc(text)}</pre></details>"

@@ -32,7 +32,7 @@ import sys
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any
 
-from torchtriage.analysis.ranks import format_ranks
+from torchtriage.ranks import format_ranks
 from torchtriage.runtime.env import strict_default
 
 logger = logging.getLogger("torchtriage.runtime")

@@ -32,6 +32,8 @@ from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
 
+from torchtriage.knowledge.stacks import is_library_file
+from torchtriage.model import Frame
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 
 SUPPORTED_MAJOR = 2
@@ -39,23 +41,12 @@ _PICKLE_HEAD = re.compile(rb"\A\x80[\x02-\x05]")
 _GZIP_MAGIC = b"\x1f\x8b"
 _RANK_WORD = re.compile(r"rank[-_.]?(\d{1,7})(?!\d)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:pkl|pickle|json|bin|gz))*$", re.IGNORECASE)
-# Call sites are the innermost frame outside these (torch, the standard library, site-packages).
-_LIBRARY_MARKERS = ("site-packages", "dist-packages", "/lib/python", "<frozen", "/torch/", "<string>", "<unknown>")
 # Ops that are p2p by name even when an old dump lacks `is_p2p`.
 _P2P_OPS = ("send", "recv")
 _ALL_TO_ALL = ("all_to_all", "alltoall")
 # Ops whose ranks legitimately pass different sizes on one side (root vs non-root).
 _ROOT_INPUT_ONLY = ("gather",)
 _ROOT_OUTPUT_ONLY = ("scatter",)
-
-
-class CallSite(NamedTuple):
-    file: str
-    line: int
-    function: str
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.function}"
 
 
 class Signature(NamedTuple):
@@ -85,7 +76,7 @@ class P2POp(NamedTuple):
     sizes: tuple[tuple[int, ...], ...]
     dtypes: tuple[str, ...]
     state: str
-    site: CallSite | None
+    site: Frame | None
 
 
 @dataclass
@@ -95,7 +86,7 @@ class Track:
     seqs: list[int] = field(default_factory=list)  # collective_seq_id (a coalesced group is one op)
     keys: list[str] = field(default_factory=list)  # comparison key; equal keys = compatible ops
     states: list[str] = field(default_factory=list)  # scheduled | started | completed
-    sites: list[CallSite | None] = field(default_factory=list)
+    sites: list[Frame | None] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)  # position in the dump's entries (the first, if coalesced)
     # all_to_all ops compare no sizes (each rank sends its own split); their totals are checked across ranks.
     a2a_numel: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (input numel, output numel)
@@ -192,7 +183,7 @@ def discover_dumps(paths: list[str]) -> tuple[list[str], list[DumpProblem]]:
 # Per process: interned values; in a pool worker, the pg ranks strings already sent to the parent (by digest),
 # since thousands of dumps repeat the same long "[0, 1, ..., 4095]".
 _intern: dict[Any, Any] = {}
-_site_of_frame: dict[int, CallSite | None] = {}
+_site_of_frame: dict[int, Frame | None] = {}
 _sent_ranks: set[str] | None = None
 
 
@@ -215,29 +206,23 @@ def _as_tuple_sizes(sizes: Any) -> tuple[tuple[int, ...], ...]:
 _UNSEEN = object()
 
 
-def _judge_frame(frame: Any) -> CallSite | None:
+def _judge_frame(frame: Any) -> Frame | None:
+    """The frame as a call site when it is the user's code, else None (remembered by the frame's identity)."""
     site = None
     filename = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
-    if filename and not any(marker in filename for marker in _LIBRARY_MARKERS):
-        site = _interned(CallSite(filename, _int(frame.get("line"), 0), str(frame.get("name", "?"))))
+    if filename and not is_library_file(filename):
+        site = _interned(Frame(filename, _int(frame.get("line"), 0), str(frame.get("name", "?"))))
     _site_of_frame[id(frame)] = site
     return site
 
 
-def _user_site(frames: Any) -> CallSite | None:
+def _user_site(frames: Any) -> Frame | None:
     """The innermost frame in user code (frames come innermost first)."""
     if not frames:
         return None
     for frame in frames:
         key = id(frame)
-        if key in _site_of_frame:
-            site = _site_of_frame[key]
-        else:
-            site = None
-            filename = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
-            if filename and not any(marker in filename for marker in _LIBRARY_MARKERS):
-                site = _interned(CallSite(filename, int(frame.get("line") or 0), str(frame.get("name", "?"))))
-            _site_of_frame[key] = site
+        site = _site_of_frame[key] if key in _site_of_frame else _judge_frame(frame)
         if site is not None:
             return site
     return None
@@ -656,7 +641,7 @@ def _extract_columns(entries: list) -> _Extract | None:
 
     # Call sites: one per run of equal frame lists (equal frames give the same site).
     has_frames = any(frame_col)
-    sites: list[CallSite | None]
+    sites: list[Frame | None]
     if not has_frames:
         sites = [None] * m
     else:

@@ -26,10 +26,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from torchtriage.errors import InputError
+from torchtriage.model import Frame, Local
 from torchtriage.sources.files import rank_from_path
 
 _JSON_START = re.compile(r"\s*\[\s*([{\]]|$)")
@@ -47,40 +48,16 @@ _NATIVE_SOURCE_SUFFIXES = (".c", ".cc", ".cpp", ".cxx", ".cu", ".h", ".hpp", ".r
 
 
 @dataclass(frozen=True)
-class Local:
-    name: str
-    repr: str | None
-    is_argument: bool
-
-
-@dataclass(frozen=True)
-class StackFrame:
-    function: str
-    file: str  # as py-spy gave it: the short name in the text form, the full path in JSON
-    line: int  # 0 when py-spy has no line (native frames)
-    native: bool = False  # a C/C++ frame from --native, not Python code
-    short_file: str | None = None  # JSON only: py-spy's short form of `file`
-    locals: tuple[Local, ...] = ()
-    dump_line: int | None = None  # the frame's line in a text dump, for evidence
-
-    @property
-    def text(self) -> str:
-        """The frame the way py-spy prints it: `function (file:line)`."""
-        where = f"{self.short_file or self.file}:{self.line}" if self.line else (self.short_file or self.file)
-        return f"{self.function} ({where})"
-
-
-@dataclass(frozen=True)
 class ThreadStack:
     thread_id: int  # the OS thread id when py-spy knows it (as it prints), else the Python thread id
     name: str | None
     active: bool  # False: py-spy saw the thread idle (blocked in a system call)
     owns_gil: bool
-    frames: tuple[StackFrame, ...]  # innermost first
+    frames: tuple[Frame, ...]  # innermost first
     os_thread_id: int | None = None
 
     @property
-    def python_frames(self) -> tuple[StackFrame, ...]:
+    def python_frames(self) -> tuple[Frame, ...]:
         return tuple(f for f in self.frames if not f.native)
 
 
@@ -228,7 +205,7 @@ class _TextParser:
         tokens = set(status.split("+"))
         if not tokens <= {"idle", "active", "gil"}:
             raise self.fail(index, f"unknown thread status {status!r} (py-spy prints idle, active or active+gil)")
-        frames: list[StackFrame] = []
+        frames: list[Frame] = []
         locals_: list[Local] = []
         is_argument = False
         while index < len(self.lines):
@@ -237,7 +214,7 @@ class _TextParser:
                 self._attach_locals(frames, locals_)
                 function, file, number = m.groups()
                 line_no = int(number) if number else 0
-                frames.append(StackFrame(function, file, line_no, _is_native(file, line_no), dump_line=index + 1))
+                frames.append(Frame(file, line_no, function, _is_native(file, line_no), printed_at=index + 1))
             elif m := _LOCALS_HEADER.match(line):
                 is_argument = m.group(1) == "Arguments"
             elif frames and (m := _LOCAL.match(line)):
@@ -261,12 +238,9 @@ class _TextParser:
         return thread, index
 
     @staticmethod
-    def _attach_locals(frames: list[StackFrame], locals_: list[Local]) -> None:
+    def _attach_locals(frames: list[Frame], locals_: list[Local]) -> None:
         if frames and locals_:
-            last = frames[-1]
-            frames[-1] = StackFrame(
-                last.function, last.file, last.line, last.native, None, tuple(locals_), last.dump_line
-            )
+            frames[-1] = replace(frames[-1], locals=tuple(locals_))
             locals_.clear()
 
 
@@ -324,7 +298,7 @@ def _json_thread(item: object, source: str, position: int) -> tuple[int, ThreadS
         # Native frames name their shared library as the module; Python frames have none.
         native = frame.get("module") is not None or _is_native(file, line)
         locals_ = tuple(Local(str(v.get("name")), v.get("repr"), bool(v.get("arg"))) for v in frame.get("locals") or ())
-        frames.append(StackFrame(str(frame["name"]), file, line, native, frame.get("short_filename"), locals_))
+        frames.append(Frame(file, line, str(frame["name"]), native, frame.get("short_filename"), locals_))
     info = item.get("process_info")
     command = info.get("command_line") if isinstance(info, dict) else None
     thread = ThreadStack(

@@ -1,0 +1,156 @@
+"""Where a rank is, from any stack of it: the one classifier every stack source goes through.
+
+A py-spy dump, a faulthandler dump, a Python traceback in a log and the hang watchdog's own dumps all
+become `Frame`s, innermost first; `classify_frames` says what the thread is doing (its `RankState`) and which
+frame decided it, from the tables in `knowledge/stacks.toml`.
+
+On NCCL a collective is asynchronous: a rank waiting for a peer shows `torch.cuda.synchronize`,
+`Event.synchronize` (or, with native frames, cudaStreamSynchronize under `.item()` / `.cpu()`) right
+after the collective, not the collective itself. That state, `gpu_wait`, counts as waiting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from torchtriage.knowledge.stacks import StackKnowledge, stack_knowledge
+from torchtriage.model import Frame, RankPosition, RankState, SourceKind
+
+
+def _path(frame: Frame) -> str:
+    return frame.file.replace("\\", "/")
+
+
+def _short(frame: Frame) -> str:
+    return (frame.short_file or frame.file).replace("\\", "/")
+
+
+def _matches(frame: Frame, suffix: str) -> bool:
+    return _path(frame).endswith(suffix) or _short(frame).endswith(suffix)
+
+
+def _function(frame: Frame) -> str:
+    return frame.function.rsplit(".", 1)[-1]  # "Condition.wait" -> "wait" (qualified names in 3.11+)
+
+
+def innermost_user_frame(frames: Sequence[Frame]) -> Frame | None:
+    """The innermost Python frame in the user's code (`frames` innermost first)."""
+    library = stack_knowledge().is_library_file
+    return next((f for f in frames if not f.native and not library(f.file)), None)
+
+
+def collective_of(frames: Sequence[Frame], known: StackKnowledge | None = None) -> tuple[str, Frame] | None:
+    """The collective the user called and its frame: the outermost frame inside a known collective."""
+    known = known or stack_knowledge()
+    found = None
+    for frame in frames:  # innermost first: keep the outermost match, the call the user made
+        if frame.native:
+            continue
+        name = _function(frame)
+        for suffixes, ops in known.collectives:
+            if name in ops and any(_matches(frame, s) for s in suffixes):
+                found = (ops[name], frame)
+    return found
+
+
+def _native_until_python(frames: Sequence[Frame]) -> list[Frame]:
+    """The native frames above the innermost Python frame: what the thread is blocked in now."""
+    native = []
+    for frame in frames:
+        if not frame.native:
+            break
+        native.append(frame)
+    return native
+
+
+def _waiting(frames: Sequence[Frame], python: list[Frame], native_top: list[Frame], known: StackKnowledge):
+    """A collective, Work.wait or GPU wait on the stack, or None."""
+    found = collective_of(python, known)
+    if found:
+        return RankState.COLLECTIVE, found[0], found[1]
+    for frame in frames:
+        if frame.native and known.native_work_wait.match(frame.function):
+            return RankState.COLLECTIVE, "Work.wait", frame
+    for frame in python:
+        for (suffix, function), op in known.gpu_waits.items():
+            if _function(frame) == function and _matches(frame, suffix):
+                return RankState.GPU_WAIT, op, frame
+    for frame in native_top:
+        if known.native_gpu_wait.match(frame.function):
+            return RankState.GPU_WAIT, frame.function, frame
+    return None
+
+
+def classify_frames(frames: Sequence[Frame], active: bool | None) -> tuple[RankState, str | None, Frame | None]:
+    """(state, op, the deciding frame) of one thread, from its frames innermost first.
+
+    `active` is py-spy's status (False: idle in a system call); None when the source does not say (a
+    traceback in a log), in which case a thread in the user's code counts as computing.
+    """
+    known = stack_knowledge()
+    python = [f for f in frames if not f.native]
+    if not python:
+        return RankState.NO_STACK, None, None
+    native_top = _native_until_python(frames)
+    waiting = _waiting(frames, python, native_top, known)
+    if waiting:
+        return waiting
+    for frame in python:
+        if known.dataloader_path in _short(frame) or known.dataloader_path in _path(frame):
+            fetching = not any(_function(f) in known.dataloader_waits for f in python)
+            return RankState.DATALOADER, "fetching a batch" if fetching else "waiting for a worker's batch", frame
+    for frame in native_top:
+        if known.native_c10d.match(frame.function):
+            return RankState.COLLECTIVE, frame.function, frame
+    innermost = python[0]
+    for suffix, functions in known.locks.items():
+        if _function(innermost) in functions and _matches(innermost, suffix):
+            return RankState.LOCK, innermost.function, innermost
+    for frame in native_top:
+        if known.native_lock.match(frame.function):
+            return RankState.LOCK, "Lock.acquire" if "acquire_lock" in frame.function else frame.function, frame
+    if _function(innermost) == "sleep" or any(known.native_sleep.match(f.function) for f in native_top):
+        return RankState.SLEEPING, "sleep", innermost
+    if active or (active is None and not known.is_library_file(innermost.file)):
+        return RankState.COMPUTING, None, innermost
+    if native_top or known.is_library_file(innermost.file):
+        # Idle in a C call we can name (with native frames) or in library code we do not classify.
+        named = next((f for f in native_top if not f.function.startswith("0x")), None)
+        return RankState.BLOCKED, named.function if named else None, named or innermost
+    # Idle in user code without native frames: time.sleep, or another blocking C call.
+    return RankState.SLEEPING, None, innermost
+
+
+def position_of(
+    rank: int,
+    frames: Sequence[Frame],
+    *,
+    active: bool | None,
+    source: SourceKind,
+    file: str,
+    thread_name: str | None = None,
+) -> RankPosition:
+    """One rank's position from one thread's frames (innermost first)."""
+    state, op, where = classify_frames(frames, active)
+    return RankPosition(rank, state, op, where, innermost_user_frame(frames), source, file, thread_name)
+
+
+def describe(position: RankPosition, plural: bool = False) -> str:
+    """The predicate after 'rank 3': 'waits in all_reduce, called from step at train.py:63'."""
+    be, wait, have = ("are", "wait", "have") if plural else ("is", "waits", "has")
+    frame = position.user_frame
+    site = f"{frame.function} at {frame.site}" if frame else "library code"
+    where = position.where.function if position.where else "?"
+    op = position.op
+    return {
+        RankState.COLLECTIVE: f"{wait} in {op}, called from {site}",
+        RankState.GPU_WAIT: f"{wait} for the GPU in {op}, called from {site}",
+        RankState.DATALOADER: f"{be} {op} in the DataLoader, called from {site}",
+        RankState.LOCK: f"{be} blocked on a lock ({op}) in {site}",
+        RankState.SLEEPING: f"{be} sleeping in {site}"
+        if op
+        else f"{be} idle in {site} (time.sleep or another blocking call; a --native dump tells which)",
+        RankState.BLOCKED: f"{be} blocked in {op or where}, called from {site}",
+        RankState.COMPUTING: f"{be} running {site}",
+        RankState.NO_STACK: f"{have} no Python stack in {position.thread_name or 'the main thread'}",
+    }[position.state]

@@ -1,0 +1,125 @@
+"""What frames mean, read from `stacks.toml`: the one decision of "is this the user's code", and the
+tables the stack classifier (`analysis.positions`) uses to tell what a rank is doing."""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from torchtriage.knowledge.loader import (
+    KNOWLEDGE_DIR,
+    STRING,
+    STRING_TABLE,
+    STRINGS,
+    TABLE,
+    TABLES,
+    KnowledgeError,
+    check_table,
+    read_toml,
+)
+
+STACKS_FILE = KNOWLEDGE_DIR / "stacks.toml"
+_STDLIB = frozenset(sys.stdlib_module_names)
+_WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
+
+
+@dataclass(frozen=True)
+class StackKnowledge:
+    library_packages: frozenset[str]
+    library_paths: re.Pattern[str]
+    collectives: tuple[tuple[tuple[str, ...], dict[str, str]], ...]  # (file suffixes, function -> op)
+    gpu_waits: dict[tuple[str, str], str]  # (file suffix, function) -> the wait's name
+    dataloader_path: str
+    dataloader_waits: frozenset[str]
+    locks: dict[str, frozenset[str]]  # file suffix -> functions
+    native_work_wait: re.Pattern[str]
+    native_c10d: re.Pattern[str]
+    native_gpu_wait: re.Pattern[str]
+    native_lock: re.Pattern[str]
+    native_sleep: re.Pattern[str]
+
+    def is_library_file(self, path: str) -> bool:
+        """Library code: installed packages, the standard library, torch; anything else is the user's.
+
+        Full paths are judged by their directories; short names (`torch/cuda/__init__.py`,
+        `threading.py`) by their top-level package.
+        """
+        if not path or (path.startswith("<") and path.endswith(">")):
+            return True  # <frozen importlib._bootstrap>, <string>, <unknown> ...
+        if path.startswith("/") or _WINDOWS_DRIVE.match(path):
+            return bool(self.library_paths.search(path.replace("\\", "/")))
+        top = re.split(r"[\\/]", path, maxsplit=1)[0]
+        top = top[:-3] if top.endswith(".py") else top
+        return top in _STDLIB or top in self.library_packages
+
+
+def _compile(text: str, where: str) -> re.Pattern[str]:
+    try:
+        return re.compile(text)
+    except re.error as err:
+        raise KnowledgeError(f"{where}: {text!r} does not compile: {err}") from None
+
+
+def load_stack_knowledge(path: Path = STACKS_FILE) -> StackKnowledge:
+    data = check_table(
+        read_toml(path),
+        path.name,
+        {"libraries": TABLE, "collectives": TABLES, "gpu_waits": TABLES, "dataloader": TABLE, "locks": TABLES},
+        {"native": TABLE},
+    )
+    name = path.name
+    libraries = check_table(data["libraries"], f"{name} [libraries]", {"packages": STRINGS, "path_patterns": STRINGS})
+    collectives = []
+    for index, raw in enumerate(data["collectives"]):
+        entry = check_table(
+            raw, f"{name} [[collectives]] #{index + 1}", {"files": STRINGS}, {"functions": STRINGS, "ops": STRING_TABLE}
+        )
+        ops = {function: function for function in entry.get("functions", [])} | {
+            str(k): str(v) for k, v in entry.get("ops", {}).items()
+        }
+        collectives.append((tuple(entry["files"]), ops))
+    gpu_waits = {}
+    for index, raw in enumerate(data["gpu_waits"]):
+        entry = check_table(
+            raw, f"{name} [[gpu_waits]] #{index + 1}", {"file": STRING, "function": STRING, "op": STRING}
+        )
+        gpu_waits[(entry["file"], entry["function"])] = entry["op"]
+    dataloader = check_table(data["dataloader"], f"{name} [dataloader]", {"path": STRING, "waiting": STRINGS})
+    locks = {}
+    for index, raw in enumerate(data["locks"]):
+        entry = check_table(raw, f"{name} [[locks]] #{index + 1}", {"file": STRING, "functions": STRINGS})
+        locks[entry["file"]] = frozenset(entry["functions"])
+    native_keys = ("work_wait", "c10d", "gpu_wait", "lock", "sleep")
+    native = check_table(data.get("native", {}), f"{name} [native]", {k: STRING for k in native_keys})
+    where = f"{name} [native]"
+    return StackKnowledge(
+        library_packages=frozenset(libraries["packages"]),
+        library_paths=_compile("|".join(libraries["path_patterns"]), f"{name} [libraries]"),
+        collectives=tuple(collectives),
+        gpu_waits=gpu_waits,
+        dataloader_path=dataloader["path"],
+        dataloader_waits=frozenset(dataloader["waiting"]),
+        locks=locks,
+        native_work_wait=_compile(native["work_wait"], where),
+        native_c10d=_compile(native["c10d"], where),
+        native_gpu_wait=_compile(native["gpu_wait"], where),
+        native_lock=_compile(native["lock"], where),
+        native_sleep=_compile(native["sleep"], where),
+    )
+
+
+@lru_cache(maxsize=1)
+def stack_knowledge() -> StackKnowledge:
+    return load_stack_knowledge()
+
+
+def is_library_file(path: str) -> bool:
+    """Whether a frame's file is library code (see StackKnowledge.is_library_file)."""
+    return stack_knowledge().is_library_file(path)
+
+
+def is_user_file(path: str) -> bool:
+    return not stack_knowledge().is_library_file(path)
