@@ -32,7 +32,7 @@ def test_post_mortem_fuses_logs_flight_recorder_and_stacks(case):
 
 def test_post_mortem_sources_that_agree_say_so_and_the_culprit_line_is_given():
     code, verdict = diagnose_json(H200 / "skip")
-    assert verdict["findings"][0]["kind"] == "sources_agree"
+    assert verdict["findings"][0]["kind"] == "fusion.sources_agree"
     assert verdict["confidence"] == "high"
     assert verdict["facts"]["user_frame"]["line"] == 17  # the sleep in train_step
 

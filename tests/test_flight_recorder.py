@@ -37,7 +37,7 @@ def test_h200_skip_rank_never_enqueued_seq_4():
     assert verdict["category"] == "hang"
     assert verdict["culprit_ranks"] == [1]
     finding = lead(verdict)
-    assert finding["kind"] == "not_joined" and finding["ranks"] == [1]
+    assert finding["kind"] == "fr.not_joined" and finding["ranks"] == [1]
     assert (verdict["facts"]["seq"], verdict["facts"]["pg_desc"]) == (4, "default_pg")
     assert verdict["facts"]["last_enqueued_seq"] == {"3": "rank 1", "4": "rank 0"}
     # Evidence names the file, the entry index and the rank.
@@ -51,19 +51,19 @@ def test_h200_size_mismatch_at_seq_4_decided_by_call_site_history():
     assert code == exit_codes.PROBLEM_FOUND
     assert verdict["culprit_ranks"] == [1]
     finding = lead(verdict)
-    assert finding["kind"] == "size_mismatch"
+    assert finding["kind"] == "fr.size_mismatch"
     assert "[[8192]]" in finding["message"] and "[[4096]]" in finding["message"]
     assert verdict["facts"]["seq"] == 4
     assert verdict["facts"]["decided_by"] == "call-site history"
     assert verdict["facts"]["user_frame"]["line"] == 19  # rank 1's departing call site
-    assert verdict["actions"][0]["rule"] == "culprit" and "nccl_case.py:19" in verdict["actions"][0]["title"]
+    assert verdict["actions"][0]["rule"] == "fr.size_mismatch" and "nccl_case.py:19" in verdict["actions"][0]["title"]
 
 
 def test_h200_op_mismatch_all_gather_vs_all_reduce_decided_by_call_site_history():
     code, verdict = fr_json(H200 / "op")
     assert verdict["culprit_ranks"] == [1]
     finding = lead(verdict)
-    assert finding["kind"] == "op_mismatch"
+    assert finding["kind"] == "fr.op_mismatch"
     assert "all_gather" in finding["message"] and "all_reduce" in finding["message"]
     assert verdict["facts"]["seq"] == 4 and verdict["facts"]["decided_by"] == "call-site history"
     assert verdict["facts"]["call_sites"]["1"].endswith(":21 in train_step")
@@ -73,13 +73,13 @@ def test_h200_op_mismatch_all_gather_vs_all_reduce_decided_by_call_site_history(
 @pytest.mark.parametrize(
     "case, culprit, kind, seq, decided_by",
     [
-        ("skip_2r", [1], "not_joined", 4, "stopped issuing"),
-        ("op_2r", [1], "op_mismatch", 4, "call-site history"),
-        ("op_rank0_2r", [0], "op_mismatch", 4, "call-site history"),
-        ("skip_rank0_4r", [0], "not_joined", 4, "majority"),
-        ("size_json_4r", [2], "size_mismatch", 4, "majority"),
-        ("dtype_json_4r", [1], "dtype_mismatch", 4, "majority"),
-        ("subgroup_4r", [3], "not_joined", 3, "majority"),
+        ("skip_2r", [1], "fr.not_joined", 4, "stopped issuing"),
+        ("op_2r", [1], "fr.op_mismatch", 4, "call-site history"),
+        ("op_rank0_2r", [0], "fr.op_mismatch", 4, "call-site history"),
+        ("skip_rank0_4r", [0], "fr.not_joined", 4, "majority"),
+        ("size_json_4r", [2], "fr.size_mismatch", 4, "majority"),
+        ("dtype_json_4r", [1], "fr.dtype_mismatch", 4, "majority"),
+        ("subgroup_4r", [3], "fr.not_joined", 3, "majority"),
     ],
 )
 def test_gloo_recordings(case, culprit, kind, seq, decided_by):
@@ -164,7 +164,7 @@ def test_rank0_is_the_culprit_by_majority(tmp_path):
         write(tmp_path, rank, [entry(s, size=8192 if (rank == 0 and s == 3) else 4096) for s in range(1, 5)], world=4)
     verdict = verdict_of(tmp_path)
     assert verdict.culprit_ranks == [0]
-    assert verdict.findings[0].kind == "size_mismatch"
+    assert verdict.findings[0].kind == "fr.size_mismatch"
 
 
 def test_two_rank_split_without_history_blames_nobody(tmp_path):
@@ -173,7 +173,7 @@ def test_two_rank_split_without_history_blames_nobody(tmp_path):
     write(tmp_path, 1, [entry(1, op="broadcast", line=30)])
     verdict = verdict_of(tmp_path)
     assert verdict.culprit_ranks == []
-    assert verdict.findings[0].kind == "op_mismatch" and "cannot decide" in verdict.findings[0].message
+    assert verdict.findings[0].kind == "fr.op_mismatch" and "cannot decide" in verdict.findings[0].message
 
 
 def test_ring_buffer_windows_that_start_at_different_records(tmp_path):
@@ -183,7 +183,7 @@ def test_ring_buffer_windows_that_start_at_different_records(tmp_path):
     write(tmp_path, 2, [entry(s, op="all_gather" if s == 8 else "all_reduce") for s in range(3, 11)], world=3)
     verdict = verdict_of(tmp_path)
     assert verdict.culprit_ranks == [2]
-    assert verdict.facts["seq"] == 8 and verdict.findings[0].kind == "op_mismatch"
+    assert verdict.facts["seq"] == 8 and verdict.findings[0].kind == "fr.op_mismatch"
 
 
 def test_ops_before_a_ranks_buffer_start_are_not_compared(tmp_path):
@@ -207,7 +207,7 @@ def test_missing_dump_is_the_suspect_when_everyone_present_waits(tmp_path):
         write(tmp_path, rank, [entry(s, state="scheduled" if s == 4 else "completed") for s in range(1, 5)], world=4)
     verdict = verdict_of(tmp_path)
     assert verdict.culprit_ranks == [2] and verdict.confidence == "low"
-    assert verdict.findings[-1].kind == "missing_dump"
+    assert verdict.findings[-1].kind == "fr.missing_dump"
 
 
 def test_pg_status_counters_count_when_the_entries_are_gone(tmp_path):
@@ -216,7 +216,7 @@ def test_pg_status_counters_count_when_the_entries_are_gone(tmp_path):
     write(tmp_path, 1, [], status={"0": {"last_enqueued_collective": 3}})
     write(tmp_path, 2, [entry(s) for s in range(1, 5)], status={"0": {"last_enqueued_collective": 4}})
     verdict = verdict_of(tmp_path)
-    assert verdict.culprit_ranks == [1] and verdict.findings[0].kind == "not_joined"
+    assert verdict.culprit_ranks == [1] and verdict.findings[0].kind == "fr.not_joined"
 
 
 def test_coalesced_ops_compare_as_one(tmp_path):
@@ -229,7 +229,7 @@ def test_coalesced_ops_compare_as_one(tmp_path):
     write(tmp_path, 2, [entry(1), *coalesced(2, [10, 21]), entry(3)], world=3)
     verdict = verdict_of(tmp_path)
     assert verdict.culprit_ranks == [2]
-    assert verdict.facts["seq"] == 2 and verdict.findings[0].kind == "size_mismatch"
+    assert verdict.facts["seq"] == 2 and verdict.findings[0].kind == "fr.size_mismatch"
     assert "coalesced[all_reduce, all_reduce]" in verdict.findings[0].message
 
 
@@ -249,7 +249,7 @@ def test_all_to_all_totals(tmp_path):
     write(tmp_path, 0, [a])
     write(tmp_path, 1, [b])
     verdict = verdict_of(tmp_path)
-    assert verdict.findings and verdict.findings[0].kind == "size_mismatch"
+    assert verdict.findings and verdict.findings[0].kind == "fr.size_mismatch"
     assert verdict.facts["total_input_numel"] == 8 and verdict.facts["total_output_numel"] == 9
 
 
@@ -257,7 +257,7 @@ def test_state_mismatch(tmp_path):
     for rank in range(3):
         write(tmp_path, rank, [entry(1), entry(2, state="scheduled" if rank == 1 else "completed")], world=3)
     verdict = verdict_of(tmp_path)
-    assert [f.kind for f in verdict.findings] == ["state_mismatch"]
+    assert [f.kind for f in verdict.findings] == ["fr.state_mismatch"]
     assert verdict.culprit_ranks == [1]
 
 
@@ -269,7 +269,7 @@ def test_p2p_send_without_matching_recv(tmp_path):
     write(tmp_path, 1, [p2p("recv", "1<-0", 1)])
     verdict = verdict_of(tmp_path)
     assert verdict.culprit_ranks == [1]
-    assert verdict.findings[0].kind == "not_joined" and "recv" in verdict.findings[0].message
+    assert verdict.findings[0].kind == "fr.not_joined" and "recv" in verdict.findings[0].message
 
 
 def test_subgroup_disagreement_in_split_groups_with_one_name(tmp_path):
@@ -391,11 +391,11 @@ def test_worker_pool_gives_the_same_verdict(tmp_path):
 @pytest.mark.parametrize(
     "case, culprit, kind, decided_by",
     [
-        ("rank0_skip", [0], "not_joined", "stopped issuing"),
+        ("rank0_skip", [0], "fr.not_joined", "stopped issuing"),
         # The waiting rank's first training step is called from a new line: that must not blame it.
-        ("dataloader", [1], "not_joined", "stopped issuing"),
+        ("dataloader", [1], "fr.not_joined", "stopped issuing"),
         # Both call sites are new; rank 1's op (a barrier) is one it never issued before: the larger departure.
-        ("barrier", [1], "op_mismatch", "call-site history"),
+        ("barrier", [1], "fr.op_mismatch", "call-site history"),
     ],
 )
 def test_h200_hang_recordings(case, culprit, kind, decided_by):

@@ -15,7 +15,7 @@ import pytest
 from conftest import FIXTURES, H200
 from torchtriage.analysis import stacks as S
 from torchtriage.analysis.stacks import analyze_positions, analyze_stacks, classify_thread, stacks_verdict
-from torchtriage.knowledge.stacks import is_library_file
+from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack, load_rank_dumps, parse_dump
 
@@ -72,7 +72,7 @@ def test_two_ranks_in_two_collectives_are_described_not_judged(case, form):
     assert analysis.culprit_ranks == [] and analysis.confidence == "low"
     assert {p.op for p in analysis.positions.values()} == set(UNDECIDED[case])
     assert all(p.state == S.COLLECTIVE for p in analysis.positions.values())
-    finding = next(f for f in analysis.findings if f.kind == "different_collective")
+    finding = next(f for f in analysis.findings if f.kind == "stacks.different_collective")
     assert finding.ranks == [0, 1] and finding.role == "symptom"
     assert "rank 0 waits in" in finding.message and "rank 1 waits in" in finding.message
     assert stacks_verdict(analysis).culprit_ranks == []
@@ -131,7 +131,7 @@ def test_h200_size_and_op_both_wait_for_the_gpu_at_different_lines_and_stay_unde
     assert analysis.culprit_ranks == []
     assert [p.user_frame.line for p in analysis.positions.values()] == [23, culprit_line]
     assert {p.state for p in analysis.positions.values()} == {S.GPU_WAIT}
-    assert any(f.kind == "different_collective" for f in analysis.findings)
+    assert any(f.kind == "stacks.different_collective" for f in analysis.findings)
 
 
 # --- stacks built here -----------------------------------------------------------------------------
@@ -179,7 +179,7 @@ def test_all_ranks_in_the_same_collective_give_no_culprit_and_point_to_the_fligh
     analysis = analyze_stacks({r: process(*ALL_REDUCE) for r in range(4)})
     assert analysis.culprit_ranks == [] and len(analysis.groups) == 1
     (finding,) = analysis.findings
-    assert finding.kind == "stack_groups" and "flight recorder" in finding.message
+    assert finding.kind == "stacks.stack_groups" and "flight recorder" in finding.message
 
 
 def test_most_ranks_running_is_not_a_hang_verdict():
@@ -201,7 +201,7 @@ def test_several_ranks_elsewhere_are_all_culprits_when_the_waiting_ranks_are_not
     dumps = {0: process(*ALL_REDUCE), 1: process(*IN_LOADER), 2: process(*ALL_REDUCE), 3: process("f (t.py:1)")}
     analysis = analyze_stacks(dumps)
     assert analysis.culprit_ranks == [1, 3]
-    assert analysis.findings[0].kind == "not_in_collective"
+    assert analysis.findings[0].kind == "stacks.not_in_collective"
 
 
 @pytest.mark.parametrize(

@@ -12,15 +12,8 @@ import pytest
 from torchtriage import exit_codes
 from torchtriage.analysis.trace import analyse_traces, breakdown, build_trace_verdict, intersect, union
 from torchtriage.cli import main
-from torchtriage.sources.profiler_trace import (
-    COMMUNICATION,
-    COMPUTE,
-    MEMORY,
-    TraceReadError,
-    kernel_table,
-    read_trace,
-    stream_trace,
-)
+from torchtriage.knowledge.kernels import COMMUNICATION, COMPUTE, MEMORY, kernel_table
+from torchtriage.sources.profiler_trace import TraceReadError, read_trace, stream_trace
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "h200x2" / "trace"
@@ -42,7 +35,7 @@ def test_h200_straggler_is_rank_1_because_of_its_data_phase():
     verdict = build_trace_verdict(analysis)
     assert verdict.category == "straggler" and verdict.culprit_ranks == [1]
     assert "`data` phase is longer" in verdict.summary
-    assert verdict.actions[0].rule == "straggler.data_loading"
+    assert verdict.actions[0].title == "Speed up rank 1's input pipeline"
 
 
 def test_h200_breakdown_parts_sum_to_the_step():

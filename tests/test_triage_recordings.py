@@ -28,7 +28,7 @@ def test_nccl_watchdog_names_the_rank_with_nothing_in_flight():
         "default_pg",
     )
     assert facts["last_enqueued_by_rank"] == {"0": 4, "1": 3}
-    idle = [f for f in verdict["findings"] if f["kind"] == "idle_rank"]
+    idle = [f for f in verdict["findings"] if f["kind"] == "logs.idle_rank"]
     assert idle and idle[0]["ranks"] == [1]
     actions = " ".join(a["title"] + a["detail"] + str(a["env"]) for a in verdict["actions"])
     assert "TORCH_FR_BUFFER_SIZE" in actions
@@ -41,14 +41,14 @@ def test_two_ranks_waiting_in_different_collectives_are_not_guessed_between():
     assert verdict["category"] == "nccl_timeout"
     assert verdict["culprit_ranks"] == []
     assert verdict["facts"]["last_enqueued_by_rank"] == {"0": 5, "1": 4}
-    different = [f for f in verdict["findings"] if f["kind"] == "lagging_rank"]
+    different = [f for f in verdict["findings"] if f["kind"] == "logs.lagging_rank"]
     assert different and "torchtriage fr" in different[0]["message"]
 
 
 def test_nccl_op_mismatch_at_the_same_seq_is_reported_and_a_two_rank_tie_is_not_guessed():
     code, verdict = triage_json(H200 / "op" / "run.log")
     assert verdict["category"] == "nccl_timeout"
-    mismatch = [f for f in verdict["findings"] if f["kind"] == "op_mismatch"]
+    mismatch = [f for f in verdict["findings"] if f["kind"] == "logs.op_mismatch"]
     assert mismatch, verdict["findings"]
     assert mismatch[0]["ranks"] == [0, 1]
     assert "ALLGATHER" in mismatch[0]["message"] and "ALLREDUCE" in mismatch[0]["message"]
@@ -65,7 +65,7 @@ def test_cuda_oom_with_memory_facts():
     assert memory["allocated"] == 128 << 30
     assert memory["reserved_unallocated"] == 0
     # 0 bytes reserved-but-unallocated: not fragmentation, so no expandable-segments advice first.
-    assert not any(f["kind"] == "oom_fragmentation" for f in verdict["findings"])
+    assert not any(f["kind"] == "logs.oom_fragmentation" for f in verdict["findings"])
     titles = " ".join(a["title"].lower() for a in verdict["actions"])
     assert "snapshot" in titles or "memory" in titles
 
@@ -82,7 +82,7 @@ def test_fragmented_oom_routes_to_expandable_segments(tmp_path):
     code, verdict = triage_json(log)
     assert verdict["category"] == "oom" and verdict["culprit_ranks"] == [3]
     assert verdict["facts"]["reserved_unallocated_share"] == pytest.approx(16.90 / 77.0, abs=0.01)
-    assert any(f["kind"] == "oom_fragmentation" for f in verdict["findings"])
+    assert any(f["kind"] == "logs.oom_fragmentation" for f in verdict["findings"])
     envs = [a["env"] for a in verdict["actions"]]
     assert {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"} in envs
 
@@ -125,7 +125,8 @@ def test_a_skipped_collective_names_the_rank_that_was_elsewhere(path, culprit, w
     assert "culprit rank" not in verdict["summary"]
     # The first thing to do is to look at the culprit's own line.
     first = verdict["actions"][0]
-    assert first["rule"] == "culprit" and f"rank {culprit}" in first["title"] and ":109" in first["title"]
+    assert first["rule"] == "logs.collective_mismatch"
+    assert f"rank {culprit}" in first["title"] and ":109" in first["title"]
 
 
 @pytest.mark.parametrize("path", ["raise_in_rank/run.log", "raise_in_rank_filtered"])
@@ -172,14 +173,14 @@ HANGS = FIXTURES / "h200x2_hangs"
 def test_nccl_hang_recordings_name_the_rank_that_never_joined(case, culprit):
     code, verdict = triage_json(HANGS / case / "run.log")
     assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_timeout", [culprit])
-    assert verdict["findings"][0]["kind"] == "idle_rank"
+    assert verdict["findings"][0]["kind"] == "logs.idle_rank"
 
 
 def test_nccl_barrier_against_all_reduce_is_reported_as_different_collectives():
     code, verdict = triage_json(HANGS / "barrier" / "run.log")
     assert verdict["culprit_ranks"] == []
     assert verdict["facts"]["last_enqueued_by_rank"] == {"0": 4, "1": 5}
-    assert any(f["kind"] == "lagging_rank" and "cannot tell" in f["message"] for f in verdict["findings"])
+    assert any(f["kind"] == "logs.lagging_rank" and "cannot tell" in f["message"] for f in verdict["findings"])
 
 
 def test_nccl_oom_on_one_rank_is_the_cause_and_the_sigterm_of_its_peer_collateral():

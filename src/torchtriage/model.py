@@ -47,7 +47,8 @@ class Category(_Vocabulary):
     ENVIRONMENT = "environment"
     USAGE = "usage"
     STRAGGLER = "straggler"
-    UNKNOWN = "unknown"
+    UNKNOWN = "unknown"  # nothing recognised: not a sign of health
+    OK = "ok"  # a check that read everything and found it healthy (a snapshot, traces, NVLink)
 
 
 class Role(_Vocabulary):
@@ -193,6 +194,7 @@ class Finding:
 
     `kind` is the id of the knowledge-base entry that describes it — a log rule ("nccl.watchdog_timeout")
     or an analysis ("fr.not_joined") — and routes it to its actions. `facts` fill the actions' templates.
+    `blames` says that `ranks` are the culprits, not the ranks that reported or suffer the failure.
     """
 
     kind: str
@@ -202,6 +204,31 @@ class Finding:
     category: Category | str = Category.UNKNOWN
     evidence: list[Evidence] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    blames: bool = False
+
+
+@dataclass
+class Assessment:
+    """What one analyzer says of one kind of source, before fusion: its findings, most explanatory first.
+
+    `lead` is the finding that explains the most, `culprits` the ranks the source singles out (through
+    the finding that blames them), `summary` its one line. When it found nothing, `summary` says what it
+    checked and `category` is `ok` for a check that read everything and found it healthy, else `unknown`.
+    Fusion alone turns assessments into a Verdict; actions come from the knowledge base there.
+    """
+
+    source: str  # "logs", "flight_recorder", "stacks", "profiler_trace", "memory_snapshot", "nvlink"
+    findings: list[Finding]
+    summary: str
+    category: Category | str = Category.UNKNOWN
+    culprits: list[int] = field(default_factory=list)
+    confidence: Confidence | str = Confidence.LOW
+    facts: dict[str, Any] = field(default_factory=dict)
+    files: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    # The findings whose actions come first: the one that blames the culprits, then the lead.
+    lead: Finding | None = None
+    blaming: Finding | None = None
 
 
 @dataclass(frozen=True)

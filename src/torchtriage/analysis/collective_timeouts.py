@@ -22,7 +22,13 @@ from torchtriage.model import Evidence, Finding, RankPosition
 from torchtriage.ranks import format_ranks
 
 _MAX_EVIDENCE = 4
-TIMEOUT_KINDS = ("op_mismatch", "size_mismatch", "lagging_rank", "idle_rank", "collective_mismatch")
+TIMEOUT_KINDS = (
+    "logs.op_mismatch",
+    "logs.size_mismatch",
+    "logs.lagging_rank",
+    "logs.idle_rank",
+    "logs.collective_mismatch",
+)
 
 
 @dataclass
@@ -83,7 +89,7 @@ def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Fin
             f"(seq {majority})"
         )
         evidence = _evidence_of([progress[r].evidence for r in culprits])
-        return culprits, Finding("lagging_rank", culprits, message, "primary", "hang", evidence)
+        return culprits, Finding("logs.lagging_rank", culprits, message, "primary", "hang", evidence)
     idle = sorted(r for r, p in progress.items() if not p.waiting)
     busy = sorted(r for r, p in progress.items() if p.waiting)
     if idle and busy:
@@ -93,14 +99,16 @@ def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Fin
             f"{'it' if len(idle) == 1 else 'they'} never joined the collective the others wait in"
         )
         evidence = _evidence_of([progress[r].evidence for r in idle])
-        return idle, Finding("idle_rank", idle, message, "primary", "hang", evidence)
+        return idle, Finding("logs.idle_rank", idle, message, "primary", "hang", evidence)
     message = (
         f"the ranks wait in different collectives ({described}): one side skipped a collective or the other "
         "issued an extra one, and the logs cannot tell which (run `torchtriage fr` on the flight-recorder "
         "dumps, or `torchtriage diagnose` on the live job: the call sites decide)"
     )
     evidence = _evidence_of([p.evidence for p in progress.values()])
-    return [], Finding("lagging_rank", sorted(progress), message, "symptom", "hang", evidence)
+    return [], Finding(
+        "logs.lagging_rank", sorted(progress), message, "symptom", "hang", evidence, facts={"undecided": True}
+    )
 
 
 def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
@@ -109,10 +117,16 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
     The culprit is the strict minority; with an even split (two ranks) the logs cannot tell who
     departed, and the finding says so — the flight recorder's call-site history can.
     """
+    # A timeout line often names no process group; the same rank's status line for that seq does.
+    group_of = {
+        (e.rank, e.facts["seq"]): e.facts.get("pg_name") or e.facts["pg_id"]
+        for e in events
+        if e.rank is not None and "seq" in e.facts and (e.facts.get("pg_name") or e.facts.get("pg_id"))
+    }
     by_collective: dict[tuple[str, str], dict[int, LogEvent]] = defaultdict(dict)
     for event in events:
         if event.rank is not None and "seq" in event.facts and "op" in event.facts:
-            group = event.facts.get("pg_name") or event.facts.get("pg_id") or "?"
+            group = group_of.get((event.rank, event.facts["seq"]), "")
             by_collective[(group, event.facts["seq"])].setdefault(event.rank, event)
     for (group, seq), per_rank in sorted(by_collective.items(), key=lambda item: item[0][1]):
         for what, key in (("op", lambda e: e.facts["op"]), ("size", lambda e: e.facts.get("numel_in"))):
@@ -130,12 +144,13 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
                 else "an even split: the logs cannot tell which side departed (run `torchtriage fr` on the "
                 "flight-recorder dumps: the call-site history decides)"
             )
-            message = f"{what} mismatch in collective seq {seq} of {group}: {described} — {verdict}"
+            where = f"collective seq {seq} of {group}" if group else f"collective seq {seq}"
+            message = f"{what} mismatch in {where}: {described} — {verdict}"
             role = "primary" if culprits else "symptom"
-            finding = Finding(
-                f"{what}_mismatch", sorted(per_rank), message, role, "hang", _evidence_of(list(per_rank.values()))
-            )
-            return culprits, finding
+            evidence = _evidence_of(list(per_rank.values()))
+            facts = {} if culprits else {"undecided": True}
+            ranks = culprits or sorted(per_rank)
+            return culprits, Finding(f"logs.{what}_mismatch", ranks, message, role, "hang", evidence, facts)
     return None
 
 
@@ -195,7 +210,7 @@ def traceback_outliers(records: LogRecords, waiting_ranks: set[int]) -> tuple[li
         for tb in records.tracebacks
         if tb.rank in culprits
     ][-_MAX_EVIDENCE:]
-    return culprits, Finding("collective_mismatch", culprits, message, "primary", "hang", evidence), facts
+    return culprits, Finding("logs.collective_mismatch", culprits, message, "primary", "hang", evidence), facts
 
 
 def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], list[Finding], dict]:

@@ -23,7 +23,8 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from torchtriage.model import Action, Evidence, Finding, Frame, Verdict
+from torchtriage.analysis.fusion import verdict_of
+from torchtriage.model import Assessment, Evidence, Finding, Frame, Verdict
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump, Signature, Track
 
@@ -32,6 +33,8 @@ _UNKNOWN = None  # before the rank's buffer start, or enqueued (pg_status) but n
 _DEFAULT_PG_DESCS = ("default_pg",)
 _MAX_EVIDENCE = 4
 _MISMATCH_KINDS = ("not_joined", "op_mismatch", "size_mismatch", "dtype_mismatch", "state_mismatch")
+# A disagreement's kind is its finding's kind under this prefix: the rules in knowledge/rules/fr.toml.
+_KIND_PREFIX = "fr."
 
 
 @dataclass
@@ -560,6 +563,12 @@ def _last_seq_facts(group: Group, dumps: dict[int, RankDump]) -> dict[str, str]:
 
 
 def build_verdict(load: LoadResult) -> Verdict:
+    """The verdict of the dumps alone (`torchtriage fr`)."""
+    return verdict_of(assess_dumps(load))
+
+
+def assess_dumps(load: LoadResult) -> Assessment:
+    """What the flight recorder says: the first collective where the ranks disagree, and who departed."""
     dumps = {d.rank: d for d in load.dumps}
     signatures: dict[str, Signature] = {}
     for dump in load.dumps:
@@ -625,9 +634,15 @@ def build_verdict(load: LoadResult) -> Verdict:
         if d in collateral:
             role = "collateral"
         ranks = d.culprits or sorted(r for ranks in d.sides.values() for r in ranks)
+        facts = {"seq": d.seq, "group": d.group.label}
+        if not d.culprits and d.decided_by == "undecided":
+            facts["undecided"] = True
         findings.append(
-            Finding(d.kind, ranks, _message(d, signatures), role, "hang", _evidence_for(d, dumps, signatures))
-        )
+            Finding(
+                _KIND_PREFIX + d.kind, ranks, _message(d, signatures), role, "hang",
+                _evidence_for(d, dumps, signatures), facts,
+            )
+        )  # fmt: skip
 
     lead = primary[0] if primary else None
     culprits = sorted({r for d in primary if d.culprits and d.kind != "state_mismatch" for r in d.culprits})
@@ -639,12 +654,13 @@ def build_verdict(load: LoadResult) -> Verdict:
     if not culprits and all_missing and load.dumps and _present_ranks_wait(groups, dumps):
         findings.append(
             Finding(
-                "missing_dump",
+                "fr.missing_dump",
                 all_missing,
                 f"{format_ranks(all_missing)} wrote no dump while every rank that did agrees and waits in its last "
                 "collective: the missing ranks are the likely culprits (a hung rank often never dumps)",
                 "symptom",
                 "hang",
+                blames=True,
             )
         )
         culprits = all_missing
@@ -652,6 +668,8 @@ def build_verdict(load: LoadResult) -> Verdict:
 
     timed_out = sorted({(d.rank, pg, seq) for d in load.dumps for pg, seq in d.timed_out})
     category = "nccl_timeout" if timed_out else "hang"
+    for finding in findings:
+        finding.category = category
     facts: dict = {
         "ranks_loaded": len(load.dumps),
         "backend": Counter(d.backend for d in load.dumps).most_common(1)[0][0] if load.dumps else "",
@@ -664,60 +682,69 @@ def build_verdict(load: LoadResult) -> Verdict:
         facts["missing_ranks"] = format_ranks(all_missing)
     if timed_out:
         facts["timed_out"] = [{"rank": r, "pg": pg, "seq": seq} for r, pg, seq in timed_out[:16]]
-    actions: list[Action] = []
+    blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
     if lead is not None:
-        facts.update(
-            {
-                "pg": lead.group.name,
-                "pg_desc": lead.group.desc,
-                "pg_size": len(lead.group.members),
-                "seq": lead.seq,
-                "seq_kind": "p2p_seq_id" if lead.p2p else "collective_seq_id",
-                "decided_by": lead.decided_by,
-                "sides": {
-                    format_ranks(ranks): _side_text(value, signatures) for value, ranks in list(lead.sides.items())[:8]
-                },
-                "last_enqueued_seq": _last_seq_facts(lead.group, dumps),
-                "call_sites": _call_sites(lead, dumps),
-            }
-            | lead.detail
-        )
-        if lead.expected and lead.expected != ABSENT and lead.expected in signatures:
-            sig = signatures[lead.expected]
-            facts["op"] = sig.op
-            facts["sizes"] = {
-                "input": [list(s) for s in sig.input_sizes],
-                "output": [list(s) for s in sig.output_sizes],
-            }
+        facts.update(_lead_facts(lead, dumps, signatures))
         where = _culprit_site(lead, dumps) if culprits else None
         if where is not None:
             rank, site = where
-            frame = {"file": site.file, "line": site.line, "function": site.function, "rank": rank}
             # A rank that never enqueued the op is somewhere after its last recorded call, not at it.
-            facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = frame
-        actions = _actions(lead, culprits, where)
-    elif culprits:
-        actions = [
-            Action(
-                "fr.missing_dump",
-                f"Find out what {format_ranks(culprits)} did",
-                "Their flight-recorder dumps are missing: look at their logs and, if they are alive, their stacks.",
-                command="torchtriage dump",
-            )
-        ]
-    summary = _summary(lead, culprits, findings, load, category)
-    if not load.dumps:
-        summary = "No flight-recorder dump could be read"
-    return Verdict(
-        category=category if findings else "unknown",
-        culprit_ranks=culprits,
-        summary=summary,
-        confidence=confidence if findings else "high",
+            facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = site.to_fact(rank)
+        if not culprits and lead.decided_by == "undecided":
+            facts["candidates"] = sorted(r for ranks in lead.sides.values() for r in ranks)
+        if culprits and findings[0].role == "primary":
+            blaming = findings[0]
+            blaming.blames = True
+            if where is not None:
+                blaming.facts["site"] = str(where[1])
+    summary = _summary(lead, culprits, findings, load)
+    compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
+    if not findings and not compared:
+        summary = _cannot_compare(load, groups)
+    return Assessment(
+        source="flight_recorder",
         findings=findings,
-        actions=actions,
-        facts=facts,
-        sources=sources if len(sources) <= 64 else sources[:64] + [f"… and {len(sources) - 64} more"],
+        summary=summary,
+        category=category if findings else "unknown",
+        culprits=culprits,
+        confidence=confidence if findings else ("medium" if compared else "low"),
+        facts=facts | {"compared": compared},
+        files=sources if len(sources) <= 64 else sources[:64] + [f"… and {len(sources) - 64} more"],
         problems=problems,
+        lead=findings[0] if findings else None,
+        blaming=blaming,
+    )
+
+
+def _lead_facts(lead: Disagreement, dumps: dict[int, RankDump], signatures: dict[str, Signature]) -> dict:
+    facts = {
+        "pg": lead.group.name,
+        "pg_desc": lead.group.desc,
+        "pg_size": len(lead.group.members),
+        "seq": lead.seq,
+        "seq_kind": "p2p_seq_id" if lead.p2p else "collective_seq_id",
+        "decided_by": lead.decided_by,
+        "sides": {format_ranks(ranks): _side_text(value, signatures) for value, ranks in list(lead.sides.items())[:8]},
+        "last_enqueued_seq": _last_seq_facts(lead.group, dumps),
+        "call_sites": _call_sites(lead, dumps),
+    } | lead.detail
+    if lead.expected and lead.expected != ABSENT and lead.expected in signatures:
+        sig = signatures[lead.expected]
+        facts["op"] = sig.op
+        facts["sizes"] = {"input": [list(s) for s in sig.input_sizes], "output": [list(s) for s in sig.output_sizes]}
+    return facts
+
+
+def _cannot_compare(load: LoadResult, groups: dict) -> str:
+    """What a single dump (or dumps of disjoint groups) lets us say: nothing across ranks."""
+    ranks = sorted(d.rank for d in load.dumps)
+    if not ranks:
+        return "No flight-recorder dump could be read"
+    members = sorted({r for g in groups.values() for r in g.members} - set(ranks))
+    missing = f"; the dumps of {format_ranks(members)} (members of its groups) are missing" if members else ""
+    return (
+        f"cannot compare: only {format_ranks(ranks)}'s dump was read{missing}. A collective is judged across "
+        "the ranks of its group: give every rank's dump"
     )
 
 
@@ -741,7 +768,7 @@ def _present_ranks_wait(groups: dict, dumps: dict[int, RankDump]) -> bool:
     return False
 
 
-def _summary(lead: Disagreement | None, culprits: list[int], findings, load: LoadResult, category: str) -> str:
+def _summary(lead: Disagreement | None, culprits: list[int], findings, load: LoadResult) -> str:
     if lead is None:
         if culprits:
             return findings[-1].message
@@ -757,35 +784,3 @@ def _summary(lead: Disagreement | None, culprits: list[int], findings, load: Loa
             f"that {format_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in"
         )
     return findings[0].message if findings else f"disagreement at {op}"
-
-
-def _actions(lead: Disagreement, culprits: list[int], where: tuple[int, Frame] | None) -> list[Action]:
-    actions = []
-    if culprits:
-        who = format_ranks(culprits)
-        at = f" at {where[1]}" if where else ""
-        if lead.kind == "not_joined":
-            title = f"Find what {who} did after its last recorded collective" + (f" ({where[1]})" if where else "")
-            detail = (
-                f"{who} never issued seq {lead.seq} of {lead.group.label}; its last recorded op was{at or ' unknown'}. "
-                "Look for a data-dependent branch, an early exit, an exception swallowed on that rank, or an uneven "
-                "number of batches; if it is alive, `torchtriage dump` shows the line it is stuck in."
-            )
-        else:
-            detail = (
-                f"{who} called a different {lead.kind.split('_')[0]}{at} than its peers at seq {lead.seq} of "
-                f"{lead.group.label}. Every rank must issue the same collectives, with the same sizes and dtypes, "
-                "in the same order: make the branch that chose this call agree across ranks."
-            )
-            title = f"Look at what {who} does{at}"
-        actions.append(Action("culprit", title, detail))
-    actions.append(
-        Action(
-            "fr.desync_debug",
-            "Catch the mismatch where it happens next time",
-            "TORCH_DISTRIBUTED_DEBUG=DETAIL checks every collective's op and shapes across ranks before running it "
-            "and raises at the first mismatch, with the rank and both shapes (slower: for reproducing only).",
-            env={"TORCH_DISTRIBUTED_DEBUG": "DETAIL"},
-        )
-    )
-    return actions

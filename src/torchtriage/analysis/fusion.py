@@ -1,131 +1,200 @@
-"""One verdict from several sources: logs say what failed first, the flight recorder which collective
-each rank reached, the stacks where each rank is.
+"""One verdict from every source: the one step that turns assessments into a Verdict.
 
-Each source is analysed on its own into a Verdict (`triage`, `fr`, the stack analysis); fusion then:
-- keeps a failure the logs name as a cause in itself (an OOM, a GPU fault, a killed rank): a hang that
-  follows it is its aftermath, so the category and culprit are the logs';
-- otherwise takes the culprit from the most telling source that names one: the flight recorder
-  (which collective), then the stacks (where), then the logs' timeout readings;
-- says whether the sources agree, lists both sides when they do not, and names the sources it used
-  and those it lacked.
+Each analyzer assesses one kind of source (`Assessment`: findings, most explanatory first, and the
+culprits it singles out); fusion then
+- takes as the headline the most explanatory failure across all sources: a failure that is a cause in
+  itself (an OOM, a GPU fault, a killed rank, bad NVLink) outranks the hang it caused, and a hang
+  outranks a straggler's skew;
+- names the culprit of a hang from the most telling source that names one: the flight recorder (which
+  collective each rank reached), then the stacks (where each rank is), then the logs' timeout readings;
+- says whether the sources agree, lists both sides when they do not, and names the sources it used and
+  those it lacked;
+- routes the findings to their actions through the knowledge base: the finding that blames the culprits
+  first, then the headline, then the rest.
 """
 
 from __future__ import annotations
 
-from torchtriage.model import Action, Finding, Verdict
+from collections.abc import Mapping
+
+from torchtriage.knowledge.actions import route
+from torchtriage.knowledge.rules import rule_by_id
+from torchtriage.model import Assessment, Category, Confidence, Finding, Role, Verdict
 from torchtriage.ranks import format_ranks
 
-# The order in which sources are trusted to name the culprit of a hang.
-SOURCES = ("logs", "flight_recorder", "stacks")
-_HANG_CATEGORIES = ("hang", "nccl_timeout", "unknown")
-_CONFIDENCE = ("low", "medium", "high")
+# Every source, in the order their findings are listed.
+SOURCES = ("logs", "flight_recorder", "stacks", "memory_snapshot", "profiler_trace", "nvlink")
+# The sources a hang verdict is made of (diagnose's three), and the order they are trusted to name its culprit.
+HANG_SOURCES = ("logs", "flight_recorder", "stacks")
+_CULPRIT_TRUST = ("flight_recorder", "stacks", "logs")
+# Which source is preferred when several name a failure that is a cause in itself.
+_CAUSE_ORDER = ("logs", "memory_snapshot", "nvlink", "flight_recorder", "stacks", "profiler_trace")
+_HANG_FAMILY = (Category.HANG, Category.NCCL_TIMEOUT, Category.UNKNOWN)
+# The verb that reads each source alone: once a source was read, telling the user to run it adds nothing.
+_VERB_OF = {"logs": "triage", "flight_recorder": "fr", "profiler_trace": "trace", "memory_snapshot": "memory"}
+_LABEL = {
+    "logs": "the logs",
+    "flight_recorder": "the flight recorder",
+    "stacks": "the stacks",
+    "memory_snapshot": "the memory snapshots",
+    "profiler_trace": "the profiler traces",
+    "nvlink": "the NVLink check",
+}
 
 
-def _logs_name_a_cause(verdict: Verdict | None) -> bool:
-    """The logs show a failure that explains a hang by itself (an OOM, a fault, a killed rank)."""
-    return (
-        verdict is not None
-        and verdict.category not in _HANG_CATEGORIES
-        and any(f.role == "primary" for f in verdict.findings)
+def _is_cause_in_itself(a: Assessment) -> bool:
+    """A failure that explains a hang by itself (an OOM, a fault, a killed rank), not a hang or a skew."""
+    return a.category not in (*_HANG_FAMILY, Category.STRAGGLER, Category.OK) and any(
+        f.role == Role.PRIMARY for f in a.findings
     )
 
 
-def _merge_actions(verdicts: list[Verdict]) -> list[Action]:
-    culprit_first = [a for v in verdicts for a in v.actions if a.rule in ("culprit", "stacks", "flight_recorder")]
-    seen, actions = set(), []
-    for action in culprit_first + [a for v in verdicts for a in v.actions]:
-        key = (action.title, action.command, tuple(sorted(action.env.items())))
-        if key not in seen:
-            seen.add(key)
-            actions.append(action)
-    return actions
+def _headline(present: dict[str, Assessment]) -> Assessment:
+    causes = [present[name] for name in _CAUSE_ORDER if name in present and _is_cause_in_itself(present[name])]
+    if causes:
+        return causes[0]
+    naming = [present[name] for name in _CULPRIT_TRUST if name in present and present[name].culprits]
+    if naming:
+        return naming[0]
+    found = [a for a in present.values() if a.findings]
+    hangs = [a for a in found if a.category in _HANG_FAMILY]
+    return (hangs or found or list(present.values()))[0]
 
 
-def fuse(by_source: dict[str, Verdict | None], missing_reasons: dict[str, str] | None = None) -> Verdict:
-    """The fused verdict of `by_source` (keys from SOURCES; a None or absent value means not available)."""
-    present = {name: v for name, v in by_source.items() if v is not None}
-    missing = {name: (missing_reasons or {}).get(name, "not given") for name in SOURCES if name not in present}
-    logs, fr, stacks = (present.get(name) for name in SOURCES)
+def _category(lead: Assessment, present: dict[str, Assessment], diagnosing_a_hang: bool) -> str:
+    hang_sources = [a for name, a in present.items() if name in HANG_SOURCES]
+    if lead.category in _HANG_FAMILY:
+        if any(a.category == Category.NCCL_TIMEOUT for a in hang_sources):
+            return Category.NCCL_TIMEOUT  # a watchdog fired: the hang has become a timeout
+        if diagnosing_a_hang and lead.category == Category.UNKNOWN and any(a.findings for a in hang_sources):
+            return Category.HANG  # the job is stuck, and what the sources found is where
+    return lead.category
 
-    if _logs_name_a_cause(logs):
-        lead_name, lead = "logs", logs
-    else:
-        naming = [
-            (name, present[name])
-            for name in ("flight_recorder", "stacks", "logs")
-            if name in present and present[name].culprit_ranks
-        ]
-        lead_name, lead = naming[0] if naming else (next(iter(present.items())) if present else ("", None))
-    if lead is None:
-        return Verdict(
-            "unknown", [], "No source could be read", "low", facts={"sources_used": [], "sources_missing": missing}
-        )
 
-    category = lead.category
-    if category in _HANG_CATEGORIES and any(v.category == "nccl_timeout" for v in present.values()):
-        category = "nccl_timeout"  # a watchdog fired: the hang has become a timeout
-    elif category == "unknown" and any(v.findings for v in present.values()):
-        category = "hang"
-
-    culprits = list(lead.culprit_ranks)
-    named = {name: v.culprit_ranks for name, v in present.items() if v.culprit_ranks}
+def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment]) -> tuple[list[Finding], bool, bool]:
+    """The sources_agree / sources_disagree findings; whether any two agree, whether any disagrees."""
+    culprits = list(lead.culprits)
+    named = {name: a.culprits for name, a in present.items() if a.culprits}
     agree = [name for name, ranks in named.items() if ranks == culprits]
     disagree = {name: ranks for name, ranks in named.items() if ranks != culprits}
-
-    findings: list[Finding] = []
+    category = lead.category if lead.category not in (Category.UNKNOWN, Category.OK) else Category.HANG
+    findings = []
     if culprits and len(agree) > 1:
         findings.append(
             Finding(
-                "sources_agree",
+                "fusion.sources_agree",
                 culprits,
-                f"{' and '.join(_label(n) for n in agree)} agree: the culprit is {format_ranks(culprits)}",
-                "primary",
+                f"{' and '.join(_LABEL[n] for n in agree)} agree: the culprit is {format_ranks(culprits)}",
+                Role.PRIMARY,
                 category,
+                blames=True,
             )
         )
     for name, ranks in disagree.items():
         findings.append(
             Finding(
-                "sources_disagree",
+                "fusion.sources_disagree",
                 sorted(set(ranks) | set(culprits)),
-                f"{_label(name)} point at {format_ranks(ranks)}, {_label(lead_name)} at {format_ranks(culprits)}; "
-                f"the verdict follows {_label(lead_name)}",
-                "symptom",
+                f"{_LABEL[name]} point at {format_ranks(ranks)}, {_LABEL[lead_name]} at {format_ranks(culprits)}; "
+                f"the verdict follows {_LABEL[lead_name]}",
+                Role.SYMPTOM,
                 category,
             )
         )
-    for name in SOURCES:
-        if name in present:
-            findings.extend(present[name].findings)
+    return findings, bool(culprits) and len(agree) > 1, bool(disagree)
 
-    confidence = lead.confidence
-    if culprits and len(agree) > 1 and not disagree:
-        confidence = "high"
-    elif disagree:
-        confidence = _CONFIDENCE[max(0, _CONFIDENCE.index(confidence) - 1)]
 
-    facts: dict = {"sources_used": [n for n in SOURCES if n in present], "sources_missing": missing}
-    for name, verdict in present.items():
-        facts[name] = verdict.facts
-    frame = next((v.facts["user_frame"] for v in (lead, stacks, fr, logs) if v and "user_frame" in v.facts), None)
-    if frame is not None and culprits and frame.get("rank") in culprits:
-        facts["user_frame"] = frame
+def _action_order(lead: Assessment, others: list[Assessment]) -> list[Finding]:
+    """The findings whose actions a verdict gives, the most telling first; collateral adds none."""
+    trust = {name: index for index, name in enumerate(_CULPRIT_TRUST)}
+    others = sorted(others, key=lambda a: trust.get(a.source, len(trust)))
+    ordered = [a.blaming for a in [lead, *others] if a.blaming is not None]
+    ordered += [lead.lead] if lead.lead is not None else []
+    ordered += [f for a in [lead, *others] for f in a.findings if f.role != Role.COLLATERAL]
+    return ordered
+
+
+class _Rules(Mapping):
+    """Finding kind -> rule: the built-in knowledge base, plus the rules a run added (--rules-dir)."""
+
+    def __init__(self, extra: Mapping | None) -> None:
+        self.extra = extra or {}
+
+    def __getitem__(self, kind):
+        rule = self.extra.get(kind) or rule_by_id(kind)
+        if rule is None:
+            raise KeyError(kind)
+        return rule
+
+    def __iter__(self):
+        return iter(self.extra)
+
+    def __len__(self) -> int:
+        return len(self.extra)
+
+
+def fuse(
+    assessments: list[Assessment],
+    missing_reasons: Mapping[str, str] | None = None,
+    *,
+    rules: Mapping | None = None,
+    expected: tuple[str, ...] = HANG_SOURCES,
+) -> Verdict:
+    """The verdict of `assessments` (one per source read). `expected` names sources whose absence is
+    worth saying (with `missing_reasons`); `rules` adds rules by id to the built-in knowledge base."""
+    present = {a.source: a for a in sorted(assessments, key=lambda a: SOURCES.index(a.source))}
+    missing = {name: (missing_reasons or {}).get(name, "not given") for name in expected if name not in present}
+    if not present:
+        return Verdict(
+            Category.UNKNOWN,
+            [],
+            "No source could be read",
+            Confidence.LOW,
+            facts={"sources_used": [], "sources_missing": missing},
+        )
+    lead = _headline(present)
+    lead_name = lead.source
+    others = [a for a in present.values() if a is not lead]
+    culprits = list(lead.culprits)
+    agreement, agreed, disputed = _agreement(lead, lead_name, present) if len(present) > 1 else ([], False, False)
+
+    confidence = Confidence(lead.confidence)
+    if agreed and not disputed:
+        confidence = Confidence.HIGH
+    elif disputed:
+        confidence = confidence.lowered()
+
+    facts: dict = dict(lead.facts) if len(present) == 1 else {}
+    if len(present) > 1 or expected:
+        facts |= {"sources_used": list(present), "sources_missing": missing}
+        for name, assessment in present.items():
+            facts[name] = assessment.facts
+        frame = next((a.facts["user_frame"] for a in [lead, *others] if "user_frame" in a.facts), None)
+        if frame is not None and culprits and frame.get("rank") in culprits:
+            facts["user_frame"] = frame
+        if not culprits and lead.facts.get("candidates"):
+            facts["candidates"] = lead.facts["candidates"]
 
     summary = lead.summary
-    if stacks is not None and lead is not stacks and stacks.culprit_ranks == culprits and stacks.summary:
+    stacks = present.get("stacks")
+    if stacks is not None and lead is not stacks and stacks.culprits == culprits and culprits and stacks.summary:
         summary = f"{summary}; stacks: {stacks.summary}"
+    read = [verb for name, verb in _VERB_OF.items() if name in present]
     return Verdict(
-        category=category,
+        category=_category(lead, present, diagnosing_a_hang=bool(expected)),
         culprit_ranks=culprits,
         summary=summary,
         confidence=confidence,
-        findings=findings,
-        actions=_merge_actions([lead] + [v for v in present.values() if v is not lead]),
+        findings=agreement + [f for a in present.values() for f in a.findings],
+        actions=route(
+            _action_order(lead, others), _Rules(rules), skip_commands=tuple(f"torchtriage {v} " for v in read)
+        ),
         facts=facts,
-        sources=[s for v in present.values() for s in v.sources],
-        problems=[p for v in present.values() for p in v.problems],
+        sources=[s for a in present.values() for s in a.files],
+        problems=[p for a in present.values() for p in a.problems],
     )
 
 
-def _label(source: str) -> str:
-    return {"logs": "the logs", "flight_recorder": "the flight recorder", "stacks": "the stacks"}[source]
+def verdict_of(assessment: Assessment, rules: Mapping | None = None) -> Verdict:
+    """The verdict of a single source (what `triage`, `fr`, `trace`, `memory` and `nvlink` print)."""
+    return fuse([assessment], rules=rules, expected=())

@@ -11,20 +11,23 @@ from __future__ import annotations
 import ast
 import operator
 import re
-import sys
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from torchtriage.errors import InputError
+from torchtriage.knowledge.loader import (
+    KNOWLEDGE_DIR,
+    STRING,
+    STRING_TABLE,
+    TABLES,
+    KnowledgeError,
+    check_table,
+    read_toml,
+)
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
-
-RULES_FILE = Path(__file__).resolve().parent.parent / "knowledge" / "layouts.toml"
+RULES_FILE = KNOWLEDGE_DIR / "layouts.toml"
 SCHEMA = "torchtriage.layout/1"
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp")
 SEVERITIES = ("reject", "warn")
@@ -155,23 +158,22 @@ class LayoutRules:
 
 def load_rules(path: Path = RULES_FILE) -> LayoutRules:
     try:
-        data = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as err:
-        raise InputError(f"{path}: cannot read the layout rules ({err})") from None
+        data = check_table(read_toml(path), path.name, {"rule": TABLES}, {"derived": STRING_TABLE})
+        rules = []
+        for index, raw in enumerate(data["rule"]):
+            where = f"{path.name}: rule {raw.get('id', index + 1)}"
+            check_table(raw, where, {"id": STRING, "severity": STRING, "when": STRING, "reason": STRING, "fix": STRING})
+            rules.append(LayoutRule(raw["id"], raw["severity"], raw["when"], raw["reason"], raw["fix"]))
+    except KnowledgeError as err:
+        raise InputError(f"cannot read the layout rules: {err}") from None
     derived = [(str(k), str(v)) for k, v in (data.get("derived") or {}).items()]
-    rules = []
-    for index, raw in enumerate(data.get("rule") or []):
-        try:
-            rule = LayoutRule(raw["id"], raw["severity"], raw["when"], raw["reason"], raw["fix"])
-        except (KeyError, TypeError) as err:
-            raise InputError(f"{path}: rule {index + 1} lacks {err}") from None
+    for rule in rules:
         if rule.severity not in SEVERITIES:
             raise InputError(f"{path}: rule {rule.id}: severity must be one of {', '.join(SEVERITIES)}")
         try:
             parse_expression(rule.when)
         except ExpressionError as err:
             raise InputError(f"{path}: rule {rule.id}: {err}") from None
-        rules.append(rule)
     for name, expression in derived:
         try:
             parse_expression(expression)

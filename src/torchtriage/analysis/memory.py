@@ -21,9 +21,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.memory_facts import FRAGMENTATION_SHARE
-from torchtriage.knowledge.stacks import is_user_file
-from torchtriage.model import Action, Evidence, Finding, Verdict
+from torchtriage.knowledge.frames import is_user_file
+from torchtriage.model import Assessment, Category, Confidence, Evidence, Finding, Verdict
 from torchtriage.sources.memory_snapshot import (
     ALLOC,
     FREE,
@@ -113,6 +114,13 @@ class DeviceMemory:
     largest_free_block: int = 0
     expandable: bool = False
     notes: list[str] = field(default_factory=list)
+    # Reserved but unallocated memory, in two kinds: whole segments that hold no block (a cache that
+    # torch.cuda.empty_cache() returns), and free blocks inside segments that also hold live ones (the
+    # fragments that cannot serve a request larger than the largest of them).
+    cached_free: int = 0
+    cached_segments: int = 0
+    fragment_free: int = 0
+    largest_fragment: int = 0
 
     @property
     def unallocated(self) -> int:
@@ -141,7 +149,7 @@ def _add_site(sites: dict[str, Site], folded: tuple[str, tuple[str, ...]], size:
 
 def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
     allocated = reserved = segments = 0
-    largest_free = 0
+    largest_free = cached_free = cached_segments = fragment_free = largest_fragment = 0
     expandable = False
     fragmented: list[tuple[int, int, dict[str, Any]]] = []
     for info in snapshot.segment_infos():
@@ -153,7 +161,13 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
         largest_free = max(largest_free, info.largest_free_block)
         expandable = expandable or info.is_expandable
         free = info.total_size - info.allocated_size
-        if free > 0:
+        if info.allocated_size == 0:
+            cached_free += info.total_size
+            cached_segments += 1
+        elif free > 0:
+            fragment_free += free
+            largest_fragment = max(largest_fragment, info.largest_free_block)
+        if free > 0 and info.allocated_size > 0:
             record = {
                 "address": hex(info.address),
                 "total": info.total_size,
@@ -169,6 +183,8 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
                 heapq.heapreplace(fragmented, (free, info.address, record))
     result = DeviceMemory(device, allocated, reserved, segments)
     result.largest_free_block = largest_free
+    result.cached_free, result.cached_segments = cached_free, cached_segments
+    result.fragment_free, result.largest_fragment = fragment_free, largest_fragment
     result.expandable = expandable or bool(snapshot.allocator_settings.get("expandable_segments"))
     result.fragmented_segments = [r for _, _, r in sorted(fragmented, key=lambda x: (-x[0], x[1]))]
 
@@ -306,97 +322,66 @@ def analyse_snapshot(snapshot: MemorySnapshot) -> MemoryReport:
     return MemoryReport(snapshot.path, devices, snapshot.format, list(snapshot.problems))
 
 
-def _is_fragmented(device: DeviceMemory) -> bool:
+def is_fragmented(device: DeviceMemory) -> bool:
+    """Free memory stuck in pieces: free blocks inside segments that still hold live ones.
+
+    Whole segments that hold no block are a cache, and one large free block serves any request up to
+    its size: neither is fragmentation. The memory is fragmented when a request would have fitted in
+    the free pieces together but in none of them, or when the pieces are a large share of what is
+    reserved and no one of them holds most of it.
+    """
     request = device.oom["requested"] if device.oom else None
-    if request and device.unallocated >= request and device.largest_free_block < request:
+    if request and device.fragment_free >= request and device.largest_fragment < request:
         return True
-    return device.reserved > 0 and device.unallocated / device.reserved >= FRAGMENTATION_SHARE
+    large_share = device.reserved > 0 and device.fragment_free / device.reserved >= FRAGMENTATION_SHARE
+    return large_share and device.largest_fragment < device.fragment_free / 2
 
 
-def memory_actions(device: DeviceMemory) -> list[Action]:
-    actions: list[Action] = []
-    if _is_fragmented(device) and not device.expandable:
-        actions.append(
-            Action(
-                "memory.expandable_segments",
-                "Let the allocator grow segments instead of fragmenting them",
-                f"{format_bytes(device.unallocated)} is reserved but unallocated "
-                f"({device.unallocated / max(device.reserved, 1):.0%} of reserved), in pieces too small to reuse.",
-                env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-            )
-        )
-    top = device.top_sites(1)
-    where = f" (the most memory comes from {top[0].site})" if top and top[0].site != BEFORE_HISTORY else ""
-    actions += [
-        Action(
-            "memory.activation_checkpointing",
-            "Recompute activations in the backward pass instead of keeping them",
-            "Wrap the transformer blocks in torch.utils.checkpoint.checkpoint (or the framework's activation "
-            f"checkpointing option): activations usually dominate a training step's peak{where}.",
-        ),
-        Action(
-            "memory.batch_size",
-            "Lower the micro-batch size, keep the global batch with gradient accumulation",
-            "Peak activation memory scales with the micro-batch; accumulate gradients over more steps to keep "
-            "the optimisation unchanged.",
-        ),
-        Action(
-            "memory.sequence_length",
-            "Shorten the sequence length (or shard it with context parallelism)",
-            "Attention activations grow with the sequence length (quadratically without a fused attention kernel).",
-        ),
-        Action(
-            "memory.sharding",
-            "Shard parameters, gradients and optimizer state across ranks",
-            "FSDP2 (torch.distributed.fsdp.fully_shard) or ZeRO stage 2/3 divides their memory by the number of "
-            "ranks; AdamW keeps two extra fp32 copies of every parameter.",
-        ),
-    ]
-    return actions
-
-
-def build_memory_verdict(report: MemoryReport) -> Verdict:
-    device = report.primary
-    sources = ["memory_snapshot"]
-    facts: dict[str, Any] = {
-        "snapshot": report.path,
-        "format": report.format,
-        "devices": [d.to_facts() for d in report.devices],
-    }
-    if device is None:
-        return Verdict(
-            "unknown",
-            [],
-            "the snapshot holds no segments and no history: the allocator had nothing allocated when it was taken.",
-            facts=facts,
-            sources=sources,
-            problems=report.problems,
-        )
-    facts["primary_device"] = device.device
-    top = device.top_sites()
-    ev = Evidence("memory_snapshot", report.path)
-    usage = (
+def _usage(device: DeviceMemory) -> str:
+    parts = []
+    if device.cached_free:
+        segments = f"{device.cached_segments} segment{'s' if device.cached_segments != 1 else ''}"
+        parts.append(f"{format_bytes(device.cached_free)} cached in {segments} that hold no tensor")
+    if device.fragment_free:
+        parts.append(f"{format_bytes(device.fragment_free)} free inside segments in use")
+    split = f": {', '.join(parts)}" if parts else ""
+    return (
         f"{format_bytes(device.allocated)} allocated in {format_bytes(device.reserved)} reserved "
-        f"({format_bytes(device.unallocated)} reserved but unallocated)"
+        f"({format_bytes(device.unallocated)} reserved but unallocated{split})"
     )
-    peak = (
-        f"; peak {format_bytes(device.peak_allocated)} allocated, {format_bytes(device.peak_reserved)} reserved"
-        if device.peak_allocated is not None
-        else ""
-    )
-    site_text = ""
-    if top:
-        share = top[0].bytes / max(device.reference_bytes, 1)
-        moment = {"oom": "at the OOM", "peak": "at the peak", "now": "now"}[device.reference]
-        site_text = f" Most memory alive {moment} comes from {top[0].site} ({format_bytes(top[0].bytes)}, {share:.0%})."
+
+
+def _top_site_text(device: DeviceMemory, top: list[Site]) -> str:
+    if not top:
+        return ""
+    share = top[0].bytes / max(device.reference_bytes, 1)
+    moment = {"oom": "at the OOM", "peak": "at the peak", "now": "now"}[device.reference]
+    return f" Most memory alive {moment} comes from {top[0].site} ({format_bytes(top[0].bytes)}, {share:.0%})."
+
+
+def _memory_facts(device: DeviceMemory, top: list[Site]) -> dict[str, Any]:
+    """What the memory rules' action templates name (knowledge/rules/memory.toml)."""
+    facts: dict[str, Any] = {
+        "device": device.device,
+        "unallocated": format_bytes(device.fragment_free),
+        "share": f"{device.fragment_free / max(device.reserved, 1):.0%}",
+    }
+    if top and top[0].site != BEFORE_HISTORY:
+        facts["top_site"] = top[0].site
+    if is_fragmented(device):
+        facts["fragmented"] = True
+        if not device.expandable:
+            facts["not_expandable"] = True
+    return facts
+
+
+def _memory_findings(report: MemoryReport, device: DeviceMemory, top: list[Site]) -> list[Finding]:
+    ev = Evidence("memory_snapshot", report.path)
+    facts = _memory_facts(device, top)
     findings: list[Finding] = []
     if device.oom:
         oom = device.oom
         free = f" with {format_bytes(oom['device_free'])} free on the device" if oom["device_free"] is not None else ""
-        summary = (
-            f"CUDA out of memory on device {device.device}: a {format_bytes(oom['requested'])} request{free}; "
-            f"{usage}.{site_text}"
-        )
         findings.append(
             Finding(
                 "memory.oom",
@@ -405,22 +390,21 @@ def build_memory_verdict(report: MemoryReport) -> Verdict:
                 role="primary",
                 category="oom",
                 evidence=[Evidence("memory_snapshot", report.path, text=f"oom event #{oom['history_index']}")],
+                facts=facts,
             )
         )
-        category, confidence = "oom", "high"
-    else:
-        summary = f"device {device.device}: {usage}{peak}.{site_text}"
-        category, confidence = "unknown", "medium"
-    if _is_fragmented(device):
+    if is_fragmented(device):
         findings.append(
             Finding(
                 "memory.fragmentation",
                 [],
-                f"{format_bytes(device.unallocated)} of {format_bytes(device.reserved)} reserved is unallocated "
-                f"(largest free block {format_bytes(device.largest_free_block)}): the caching allocator is fragmented",
+                f"{format_bytes(device.fragment_free)} of {format_bytes(device.reserved)} reserved is free inside "
+                f"segments that hold live tensors (largest such block {format_bytes(device.largest_fragment)}): "
+                "the caching allocator is fragmented",
                 role="primary" if not device.oom else "symptom",
                 category="oom",
                 evidence=[ev],
+                facts=facts,
             )
         )
     if top and findings:
@@ -432,20 +416,63 @@ def build_memory_verdict(report: MemoryReport) -> Verdict:
                 role="symptom",
                 category="oom",
                 evidence=[ev],
+                facts=facts,
             )
         )
+    return findings
+
+
+def assess_memory(report: MemoryReport) -> Assessment:
+    """What one snapshot says: the OOM and what filled the device, fragmentation, or that all is well."""
+    device = report.primary
+    facts: dict[str, Any] = {
+        "snapshot": report.path,
+        "format": report.format,
+        "devices": [d.to_facts() for d in report.devices],
+    }
     notes = [n for d in report.devices for n in d.notes]
-    return Verdict(
-        category,
-        [],
-        summary,
-        confidence=confidence,
-        findings=findings,
-        actions=memory_actions(device) if findings else [],
-        facts=facts,
-        sources=sources,
-        problems=report.problems + notes,
+    if device is None:
+        summary = "the snapshot holds no segments and no history: nothing was allocated when it was taken."
+        return Assessment("memory_snapshot", [], summary, Category.OK, facts=facts, files=[report.path])
+    facts["primary_device"] = device.device
+    top = device.top_sites()
+    findings = _memory_findings(report, device, top)
+    usage = _usage(device)
+    peak = (
+        f"; peak {format_bytes(device.peak_allocated)} allocated, {format_bytes(device.peak_reserved)} reserved"
+        if device.peak_allocated is not None
+        else ""
     )
+    if device.oom:
+        oom = device.oom
+        free = f" with {format_bytes(oom['device_free'])} free on the device" if oom["device_free"] is not None else ""
+        summary = (
+            f"CUDA out of memory on device {device.device}: a {format_bytes(oom['requested'])} request{free}; "
+            f"{usage}.{_top_site_text(device, top)}"
+        )
+        category, confidence = Category.OOM, Confidence.HIGH
+    elif findings:
+        summary = f"device {device.device}: {usage}{peak}.{_top_site_text(device, top)}"
+        category, confidence = Category.OOM, Confidence.MEDIUM
+    else:
+        summary = f"ok: device {device.device}: {usage}{peak}.{_top_site_text(device, top)}"
+        category, confidence = Category.OK, Confidence.MEDIUM
+    return Assessment(
+        source="memory_snapshot",
+        findings=findings,
+        summary=summary,
+        category=category,
+        confidence=confidence,
+        facts=facts,
+        files=[report.path],
+        problems=report.problems + notes,
+        lead=findings[0] if findings else None,
+    )
+
+
+def build_memory_verdict(report: MemoryReport) -> Verdict:
+    """The verdict of one snapshot (`torchtriage memory`)."""
+    return verdict_of(assess_memory(report))
 
 
 def compare_reports(before: MemoryReport, after: MemoryReport) -> Verdict:
@@ -480,6 +507,7 @@ def compare_reports(before: MemoryReport, after: MemoryReport) -> Verdict:
                 role="primary",
                 category="oom",
                 evidence=[Evidence("memory_snapshot", after.path), Evidence("memory_snapshot", before.path)],
+                facts={"site": top["site"], "delta": format_bytes(top["delta"])},
             )
         )
         summary = (
@@ -491,13 +519,15 @@ def compare_reports(before: MemoryReport, after: MemoryReport) -> Verdict:
             f"no growth: {format_bytes(a.reference_bytes)} → {format_bytes(b.reference_bytes)} alive "
             f"({format_bytes(growth)})."
         )
-    return Verdict(
-        "oom" if findings else "unknown",
-        [],
+    assessment = Assessment(
+        "memory_snapshot",
+        findings,
         summary,
-        confidence="medium",
-        findings=findings,
+        Category.OOM if findings else Category.OK,
+        confidence=Confidence.MEDIUM,
         facts=facts,
-        sources=["memory_snapshot"],
+        files=[before.path, after.path],
         problems=before.problems + after.problems,
+        lead=findings[0] if findings else None,
     )
+    return verdict_of(assessment)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import re
 
-from torchtriage.knowledge.rules import rule_by_id
-from torchtriage.model import Action, Evidence, Finding
+from torchtriage.model import Evidence, Finding
 
 _SIZE = re.compile(r"(?P<number>\d+(?:\.\d+)?)\s*(?P<unit>[KMGTP]?i?B|bytes?)", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50}
@@ -33,7 +32,7 @@ def _gib(value: int) -> str:
     return f"{value / (1 << 30):.2f} GiB"
 
 
-def memory_findings(events) -> tuple[list[Finding], dict, list[Action]]:
+def memory_findings(events) -> tuple[list[Finding], dict]:
     """Facts in bytes from the OOM events, and a fragmentation finding when the numbers show one."""
     sizes: dict[str, int] = {}
     source = None
@@ -45,18 +44,18 @@ def memory_findings(events) -> tuple[list[Finding], dict, list[Action]]:
                     sizes[key] = parsed
                     source = source or event
     if not sizes:
-        return [], {}, []
+        return [], {}
     facts = {"memory_bytes": sizes}
     allocated, unallocated = sizes.get("allocated"), sizes.get("reserved_unallocated")
     if allocated is None or unallocated is None:
-        return [], facts, []
+        return [], facts
     reserved = allocated + unallocated
     share = unallocated / reserved if reserved else 0.0
     facts["reserved_unallocated_share"] = round(share, 3)
     request = sizes.get("alloc")
     fragmented = share >= FRAGMENTATION_SHARE or (request is not None and unallocated >= request and unallocated > 0)
     if not fragmented:
-        return [], facts, []
+        return [], facts
     message = (
         f"{_gib(unallocated)} is reserved by PyTorch but unallocated ({share:.0%} of what it reserved)"
         + (
@@ -68,18 +67,4 @@ def memory_findings(events) -> tuple[list[Finding], dict, list[Action]]:
     )
     ranks = sorted({e.rank for e in events if e.rank is not None})
     evidence = [Evidence("log", source.file, source.line, source.rank, source.text[:500])] if source else []
-    finding = Finding("oom_fragmentation", ranks, message, "primary", "oom", evidence)
-    rule = rule_by_id("oom.fragmentation")
-    actions = (
-        list(rule.actions)
-        if rule
-        else [
-            Action(
-                "oom.fragmentation",
-                "Let the allocator grow segments instead of fragmenting",
-                "Expandable segments let freed blocks be reused for larger requests.",
-                env={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-            )
-        ]
-    )
-    return [finding], facts, actions
+    return [Finding("logs.oom_fragmentation", ranks, message, "primary", "oom", evidence)], facts

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchtriage.model import Action, Evidence, Finding, Verdict
+from torchtriage.analysis.fusion import verdict_of
+from torchtriage.model import Assessment, Evidence, Finding, Verdict
 from torchtriage.sources.nvlink import HARD_ERROR_COUNTERS, GpuRecord, LinkRecord, MemoryHealth, NvlinkInputs, XidEvent
 
 MARGINAL_FEC_RATE = 1e-8  # healthy links run near 1e-9; a marginal lane near 1e-7
@@ -278,37 +279,16 @@ def _verdict(report: NvlinkReport, findings: list[Finding], inputs: NvlinkInputs
         summary += f"; GPU {', '.join(map(str, bad_gpus))} unhealthy"
     if fatal:
         summary += f"; {len(fatal)} fatal Xid event(s) in the kernel log"
-    actions = []
     status = report.status
-    if status == UNHEALTHY:
-        actions.append(
-            Action(
-                "nvlink.unhealthy",
-                "drain this node and have the flagged GPU or link serviced",
-                "A link that is down or taking uncorrected errors stalls or corrupts NCCL traffic; resetting "
-                "the GPU (`nvidia-smi -r -i <gpu>`, no process on it) clears pending remaps, and a link that "
-                "stays unhealthy after a reset needs a reseat or replacement.",
-                command="nvidia-smi nvlink -e; nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER",
-            )
-        )
-    elif status == MARGINAL:
-        actions.append(
-            Action(
-                "nvlink.marginal",
-                "keep running, and track the flagged links",
-                "FEC or link-level replay is absorbing the errors, so nothing is lost yet. Re-run "
-                "`torchtriage nvlink` later: reseat the link if the rate climbs or deep FEC bins grow.",
-            )
-        )
-    problems = list(inputs.problems)
-    return Verdict(
-        category="gpu_fault" if status != OK else "unknown",
-        culprit_ranks=[],
-        summary=summary,
-        confidence="high" if status == UNHEALTHY else "medium" if status == MARGINAL else "low",
+    assessment = Assessment(
+        source="nvlink",
         findings=findings,
-        actions=actions,
+        summary=summary,
+        category="gpu_fault" if status != OK else ("ok" if inputs.gpus else "unknown"),
+        confidence="high" if status == UNHEALTHY else "medium",
         facts={"status": status, "link_counts": counts, "driver": inputs.driver},
-        sources=list(inputs.sources),
-        problems=problems,
+        files=list(inputs.sources),
+        problems=list(inputs.problems),
+        lead=findings[0] if findings else None,
     )
+    return verdict_of(assessment)

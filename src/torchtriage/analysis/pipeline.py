@@ -5,12 +5,13 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.log_records import LogRecords, read_logs
-from torchtriage.analysis.triage import build_verdict
-from torchtriage.errors import InputError, UsageError
+from torchtriage.analysis.triage import assess_logs
+from torchtriage.errors import InputError
 from torchtriage.knowledge.matcher import Matcher
-from torchtriage.knowledge.rules import RuleError, default_rules, load_rules
-from torchtriage.model import Verdict
+from torchtriage.knowledge.rules import RuleError, default_rules, with_extra_rules
+from torchtriage.model import Assessment, Verdict
 from torchtriage.sources.files import Artifact, discover
 
 _default_matcher: Matcher | None = None
@@ -24,23 +25,27 @@ def matcher_for(extra_rules_dir: str | None = None) -> Matcher:
             _default_matcher = Matcher(default_rules())
         return _default_matcher
     try:
-        extra = load_rules(Path(extra_rules_dir))
+        return Matcher(with_extra_rules(Path(extra_rules_dir)))
     except RuleError as err:
-        raise UsageError(f"the rules in {extra_rules_dir} do not load: {err}") from None
-    known = {rule.id for rule in default_rules()}
-    return Matcher(list(default_rules()) + [rule for rule in extra if rule.id not in known])
+        raise InputError(f"--rules-dir: the rules do not load: {err}") from None
 
 
-def triage_paths(paths: list[str], extra_rules_dir: str | None = None) -> Verdict:
-    """Triage log files, folders and `-` (stdin). Raises InputError when nothing could be read."""
+def assess_paths(paths: list[str], matcher: Matcher | None = None) -> Assessment:
+    """What the logs at `paths` (files, folders, `-`) say. Raises InputError when nothing could be read."""
     problems: list[str] = []
     artifacts = discover(paths, problems)
-    records = read_logs(artifacts, matcher_for(extra_rules_dir))
+    records = read_logs(artifacts, matcher or matcher_for())
     records.problems[:0] = problems
     if not records.files_read:
         reasons = "\n  ".join(records.problems) or "no input"
         raise InputError(f"nothing could be read:\n  {reasons}")
-    return build_verdict(records)
+    return assess_logs(records)
+
+
+def triage_paths(paths: list[str], extra_rules_dir: str | None = None) -> Verdict:
+    """Triage log files, folders and `-` (stdin). Raises InputError when nothing could be read."""
+    matcher = matcher_for(extra_rules_dir)
+    return verdict_of(assess_paths(paths, matcher), rules=matcher.rules_by_id)
 
 
 def triage_text(text: str | bytes, name: str = "<text>") -> Verdict:
@@ -48,4 +53,4 @@ def triage_text(text: str | bytes, name: str = "<text>") -> Verdict:
     data = text.encode("utf-8", errors="replace") if isinstance(text, str) else text
     records = LogRecords()
     read_logs([Artifact(name, None)], matcher_for(), records, opener=lambda _: io.BytesIO(data))
-    return build_verdict(records)
+    return verdict_of(assess_logs(records))

@@ -2,7 +2,7 @@
 
 A py-spy dump, a faulthandler dump, a Python traceback in a log and the hang watchdog's own dumps all
 become `Frame`s, innermost first; `classify_frames` says what the thread is doing (its `RankState`) and which
-frame decided it, from the tables in `knowledge/stacks.toml`.
+frame decided it, from the tables in `knowledge/frames.toml`.
 
 On NCCL a collective is asynchronous: a rank waiting for a peer shows `torch.cuda.synchronize`,
 `Event.synchronize` (or, with native frames, cudaStreamSynchronize under `.item()` / `.cpu()`) right
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from torchtriage.knowledge.stacks import StackKnowledge, stack_knowledge
+from torchtriage.knowledge.frames import StackKnowledge, stack_knowledge
 from torchtriage.model import Frame, RankPosition, RankState, SourceKind
 
 

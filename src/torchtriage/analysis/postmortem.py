@@ -13,9 +13,9 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from torchtriage.analysis.fusion import fuse
+from torchtriage.analysis.fusion import HANG_SOURCES, fuse
 from torchtriage.errors import TriageError
-from torchtriage.model import Verdict
+from torchtriage.model import Assessment, Verdict
 from torchtriage.sources.files import rank_from_path
 
 # Files of our own making, and source files, notes and pictures, are not evidence.
@@ -105,7 +105,7 @@ def sort_artifacts(paths: list[str], skip: set[str] | None = None) -> Artifacts:
     return found
 
 
-def _analyse(kind: str, run, problems: dict[str, str]) -> Verdict | None:
+def _analyse(kind: str, run, problems: dict[str, str]) -> Assessment | None:
     try:
         return run()
     except TriageError as err:
@@ -116,40 +116,40 @@ def _analyse(kind: str, run, problems: dict[str, str]) -> Verdict | None:
 def diagnose_artifacts(found: Artifacts) -> Verdict:
     """The fused verdict of stacks, flight-recorder dumps and logs already sorted."""
     problems: dict[str, str] = {}
-    by_source: dict[str, Verdict | None] = {}
+    assessments: list[Assessment | None] = []
     if found.stacks:
 
-        def stacks() -> Verdict:
-            from torchtriage.analysis.stacks import analyze_stacks, stacks_verdict
+        def stacks() -> Assessment:
+            from torchtriage.analysis.stacks import analyze_stacks, assess_stacks
             from torchtriage.sources.pyspy import load_rank_dumps
 
-            return stacks_verdict(analyze_stacks(load_rank_dumps(found.stacks)))
+            return assess_stacks(analyze_stacks(load_rank_dumps(found.stacks)), files=found.stacks)
 
-        by_source["stacks"] = _analyse("stacks", stacks, problems)
+        assessments.append(_analyse("stacks", stacks, problems))
     if found.flight_recorder:
 
-        def flight_recorder() -> Verdict:
-            from torchtriage.analysis.flight_recorder import build_verdict
+        def flight_recorder() -> Assessment:
+            from torchtriage.analysis.flight_recorder import assess_dumps
             from torchtriage.sources.flight_recorder import load_dumps
 
-            return build_verdict(load_dumps(found.flight_recorder))
+            return assess_dumps(load_dumps(found.flight_recorder))
 
-        by_source["flight_recorder"] = _analyse("flight_recorder", flight_recorder, problems)
+        assessments.append(_analyse("flight_recorder", flight_recorder, problems))
     if found.logs:
 
-        def logs() -> Verdict:
-            from torchtriage.analysis.pipeline import triage_paths
+        def logs() -> Assessment:
+            from torchtriage.analysis.pipeline import assess_paths
 
-            return triage_paths(found.logs)
+            return assess_paths(found.logs)
 
-        by_source["logs"] = _analyse("logs", logs, problems)
+        assessments.append(_analyse("logs", logs, problems))
     reasons = {
         "stacks": "no py-spy dumps found",
         "flight_recorder": "no flight-recorder dumps found",
         "logs": "no logs found",
     }
     reasons.update(problems)
-    verdict = fuse(by_source, reasons)
+    verdict = fuse([a for a in assessments if a is not None], reasons, expected=HANG_SOURCES)
     verdict.problems.extend(f"{kind}: {message}" for kind, message in problems.items())
     if found.traces or found.snapshots:
         verdict.facts["not_read_here"] = {"profiler_traces": found.traces, "memory_snapshots": found.snapshots}

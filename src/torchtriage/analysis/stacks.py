@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import classify_frames, describe, position_of
-from torchtriage.model import Action, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
+from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack
 
@@ -122,7 +123,7 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
         confidence = "high" if len(waiting_ranks) >= 2 and len(elsewhere_ranks) < len(waiting_ranks) else "medium"
         findings.append(
             Finding(
-                "not_in_collective",
+                "stacks.not_in_collective",
                 culprits,
                 f"{format_ranks(culprits)} {'is' if len(culprits) == 1 else 'are'} in no collective while the "
                 f"others wait: {_groups_text(elsewhere)}; {_groups_text(waiting)}",
@@ -130,6 +131,7 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
                 category="hang",
                 evidence=[e for g in elsewhere for e in _evidence(g.position)][:_MAX_EVIDENCE]
                 + _group_evidence(waiting)[:2],
+                blames=True,
             )
         )
         if len(waiting) > 1:
@@ -153,12 +155,13 @@ def _disagreement(waiting: list[StackGroup], decided: bool, culprits: list[int] 
         why = "the stacks alone cannot say which side departed; the flight recorder's sequence numbers or the logs can"
         ranks = sorted(r for g in waiting for r in g.ranks)
         return Finding(
-            "different_collective",
+            "stacks.different_collective",
             ranks,
             f"The ranks wait in {how}: {_groups_text(waiting)}; {why}",
             role="symptom",
             category="hang",
             evidence=_group_evidence(waiting),
+            facts={"undecided": True},
         )
     majority, minority = waiting[0], waiting[1:]
     if len(ops) == 1:
@@ -166,18 +169,20 @@ def _disagreement(waiting: list[StackGroup], decided: bool, culprits: list[int] 
     else:
         how = "a different collective, or one called from another line,"
     return Finding(
-        "different_collective",
+        "stacks.different_collective",
         culprits or [],
         f"{_groups_text(minority)}: {how} than the others; {majority.describe()}",
         role="primary",
         category="hang",
         evidence=[e for g in minority for e in _evidence(g.position)][:_MAX_EVIDENCE] + _evidence(majority.position),
+        blames=True,
     )
 
 
 def _stack_groups(
     groups: list[StackGroup], found: Mapping[int, RankPosition], waiting: list[int], elsewhere: list[int]
 ) -> Finding:
+    facts: dict = {}
     if not found:
         message = "No rank's stack was read"
     elif not waiting:
@@ -187,6 +192,7 @@ def _stack_groups(
             f"Most ranks are not in a collective ({_groups_text(groups)}): the job may still be running; "
             "dump again in a few seconds to see who stays put"
         )
+        facts["moving"] = True
     elif len(groups) == 1:
         message = (
             f"All ranks are at the same place: {_groups_text(groups)}; the stacks cannot tell which rank is "
@@ -195,12 +201,17 @@ def _stack_groups(
     else:
         message = f"{len(groups)} stack groups: {_groups_text(groups)}"
     return Finding(
-        "stack_groups", sorted(found), message, role="symptom", category="hang", evidence=_group_evidence(groups)
+        "stacks.stack_groups", sorted(found), message, "symptom", "hang", _group_evidence(groups), facts
     )
 
 
 def stacks_verdict(analysis: StackAnalysis) -> Verdict:
-    """A `hang` verdict from the stacks alone, for `diagnose` to fuse with logs and the flight recorder."""
+    """The verdict of the stacks alone."""
+    return verdict_of(assess_stacks(analysis))
+
+
+def assess_stacks(analysis: StackAnalysis, files: list[str] | None = None) -> Assessment:
+    """What the stacks say: a `hang` assessment, for `diagnose` to fuse with logs and the flight recorder."""
     primary = [f for f in analysis.findings if f.role == "primary"]
     summary = primary[0].message if primary else analysis.findings[0].message if analysis.findings else ""
     facts: dict = {
@@ -216,26 +227,30 @@ def stacks_verdict(analysis: StackAnalysis) -> Verdict:
             for g in analysis.groups
         ],
     }
-    actions = []
+    blaming = next((f for f in analysis.findings if f.blames), None)
+    undecided = next((f for f in analysis.findings if f.facts.get("undecided")), None)
+    if not analysis.culprit_ranks and undecided is not None:
+        facts["candidates"] = undecided.ranks
     culprit = next((analysis.positions[r] for r in analysis.culprit_ranks if analysis.positions[r].user_frame), None)
     if culprit:
         frame = culprit.user_frame
-        facts["user_frame"] = {"file": frame.file, "line": frame.line, "function": frame.function, "rank": culprit.rank}
-        actions.append(
-            Action(
-                "culprit",
-                f"Look at rank {culprit.rank}'s {frame.function} at {frame.site}",
-                f"Rank {culprit.rank} {describe(culprit)} while its peers wait for it; that line decides "
-                "whether it skipped, reordered or never reached the collective the others are in.",
-            )
-        )
-    return Verdict(
-        category="hang",
-        culprit_ranks=list(analysis.culprit_ranks),
-        summary=summary,
-        confidence=analysis.confidence,
+        facts["user_frame"] = frame.to_fact(culprit.rank)
+        if blaming is not None:
+            blaming.facts |= {
+                "culprit_rank": culprit.rank,
+                "function": frame.function,
+                "site": frame.site,
+                "position": describe(culprit),
+            }
+    return Assessment(
+        source="stacks",
         findings=list(analysis.findings),
-        actions=actions,
+        summary=summary,
+        category="hang",
+        culprits=list(analysis.culprit_ranks),
+        confidence=analysis.confidence,
         facts=facts,
-        sources=["pyspy"],
+        files=files or sorted({p.file for p in analysis.positions.values()}),
+        lead=primary[0] if primary else (analysis.findings[0] if analysis.findings else None),
+        blaming=blaming,
     )

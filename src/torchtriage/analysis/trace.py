@@ -24,8 +24,10 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from torchtriage.model import Action, Evidence, Finding, Verdict
-from torchtriage.sources.profiler_trace import COMMUNICATION, COMPUTE, MEMORY, KernelTable, RankTrace, kernel_table
+from torchtriage.analysis.fusion import verdict_of
+from torchtriage.knowledge.kernels import COMMUNICATION, COMPUTE, KIND_NAMES, MEMORY, KernelTable, kernel_table
+from torchtriage.model import Assessment, Category, Confidence, Evidence, Finding, Verdict
+from torchtriage.sources.profiler_trace import RankTrace
 
 # A collective whose ranks' durations differ by less than this has no meaningful "last arrival".
 MIN_SKEW_US = 20.0
@@ -125,7 +127,6 @@ def _step_of(steps: list, starts: list[float], ts: float) -> int | None:
     return None
 
 
-_KIND_NAMES = {COMPUTE: "compute", COMMUNICATION: "communication", MEMORY: "memory"}
 TIMELINE_EVENTS = 4000
 
 
@@ -165,7 +166,7 @@ def rank_breakdown(trace: RankTrace, timeline: list | None = None) -> tuple[list
                 cpu = next(s for s in steps if s[0] == number)
                 per_step.append(StepBreakdown(number, start, end, cpu_duration=cpu[2] - cpu[1], **parts))
                 if timeline is not None and index == len(numbers) // 2:
-                    timeline += [(s - start, e - start, _KIND_NAMES[k]) for s, e, k in group[:TIMELINE_EVENTS]]
+                    timeline += [(s - start, e - start, KIND_NAMES[k]) for s, e, k in group[:TIMELINE_EVENTS]]
     else:
         for number, start, end in steps:
             inside = union([(c.ts, c.ts + c.dur) for c in trace.collectives if start <= c.ts < end])
@@ -479,6 +480,12 @@ def _step_table(summary: RankSummary) -> dict[str, Any]:
 
 
 def build_trace_verdict(analysis: TraceAnalysis) -> Verdict:
+    """The verdict of the traces alone (`torchtriage trace`)."""
+    return verdict_of(assess_traces(analysis))
+
+
+def assess_traces(analysis: TraceAnalysis) -> Assessment:
+    """What the traces say: the straggler and why, or where every rank's step goes."""
     facts: dict[str, Any] = {
         "ranks": [_step_table(r) for r in analysis.ranks],
         "collectives": [asdict(m) for m in analysis.collectives],
@@ -486,9 +493,7 @@ def build_trace_verdict(analysis: TraceAnalysis) -> Verdict:
         "mean_step_us": analysis.mean_step_us,
         "units": "microseconds; bandwidths in GB/s",
     }
-    sources = ["profiler_trace"]
-    findings: list[Finding] = []
-    actions: list[Action] = []
+    files = [r.path for r in analysis.ranks]
     if analysis.straggler is not None:
         rank = analysis.straggler
         top = next(r for r in analysis.ranking if r["rank"] == rank)
@@ -500,47 +505,25 @@ def build_trace_verdict(analysis: TraceAnalysis) -> Verdict:
             f"(a step is {_fmt_ms(analysis.mean_step_us or 0)}). Why: {why}."
         )
         path = next((r.path for r in analysis.ranks if r.rank == rank), None)
-        findings.append(
-            Finding(
-                "trace.straggler",
-                [rank],
-                f"rank {rank} arrives last at {top['last_arrivals']}/{top['of_collectives']} collectives",
-                role="primary",
-                category="straggler",
-                evidence=[Evidence("profiler_trace", path, rank=rank, text=r["text"]) for r in reasons[:3]],
-            )
-        )
         kinds = {r["kind"] for r in reasons}
-        if "data" in kinds:
-            actions.append(
-                Action(
-                    "straggler.data_loading",
-                    f"Speed up rank {rank}'s input pipeline",
-                    "More DataLoader workers (num_workers), pin_memory=True, prefetch_factor, or pre-tokenised "
-                    "and sharded data; check that rank's host for CPU contention or a slow filesystem.",
-                )
-            )
-        if "compute" in kinds or "phase" in kinds:
-            actions.append(
-                Action(
-                    "straggler.uneven_compute",
-                    f"Give rank {rank} the same amount of work as the others",
-                    "Balance the load across ranks (sequence packing, equal micro-batches, pipeline stage sizes), "
-                    "and remove rank-conditional work from the step; check the GPU's clocks and temperature "
-                    "(nvidia-smi -q -d PERFORMANCE) for throttling.",
-                )
-            )
-        if not actions:
-            actions.append(
-                Action(
-                    "straggler.host",
-                    f"Look at rank {rank}'s host",
-                    "CPU contention, a throttled GPU or a slow NIC: compare nvidia-smi and top on that host.",
-                )
-            )
-        return Verdict(
-            "straggler", [rank], summary, "high" if len(reasons) else "medium", findings, actions, facts, sources,
-            analysis.problems,
+        reason_facts = {
+            "slow_data": "data" in kinds,
+            "slow_compute": "compute" in kinds or "phase" in kinds,
+        }
+        reason_facts["unexplained"] = not any(reason_facts.values())
+        finding = Finding(
+            "trace.straggler",
+            [rank],
+            f"rank {rank} arrives last at {top['last_arrivals']}/{top['of_collectives']} collectives",
+            role="primary",
+            category="straggler",
+            evidence=[Evidence("profiler_trace", path, rank=rank, text=r["text"]) for r in reasons[:3]],
+            facts=reason_facts,
+            blames=True,
+        )
+        return Assessment(
+            "profiler_trace", [finding], summary, Category.STRAGGLER, [rank],
+            Confidence.HIGH if reasons else Confidence.MEDIUM, facts, files, analysis.problems, finding, finding,
         )  # fmt: skip
     parts = []
     for r in analysis.ranks:
@@ -552,4 +535,7 @@ def build_trace_verdict(analysis: TraceAnalysis) -> Verdict:
                 f"communication {table['communication'] / d:.0%}, idle {table['idle'] / d:.0%}"
             )
     summary = "no straggler: no rank holds the others back. " + ("; ".join(parts) if parts else "")
-    return Verdict("unknown", [], summary.strip(), "medium", [], [], facts, sources, analysis.problems)
+    return Assessment(
+        "profiler_trace", [], summary.strip(), Category.UNKNOWN, confidence=Confidence.MEDIUM, facts=facts,
+        files=files, problems=analysis.problems,
+    )  # fmt: skip

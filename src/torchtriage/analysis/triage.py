@@ -20,7 +20,7 @@ from torchtriage.analysis.log_records import ChildFailure, LogEvent, LogRecords,
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import innermost_user_frame
 from torchtriage.knowledge.rules import rule_by_id
-from torchtriage.model import ROLES, Action, Evidence, Finding, RankState, Verdict
+from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
 
 _MAX_EVIDENCE = 4
@@ -89,7 +89,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
                 role=_exception_role(tb),
                 priority=1,
                 category="unknown",
-                kind="exception",
+                kind=UNCAUGHT_EXCEPTION,
                 title=f"{tb.exception} raised",
                 rank=tb.rank,
                 time=tb.time,
@@ -103,6 +103,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
 
 
 _BLOCKED_RULE = "hang.stack_in_collective"
+UNCAUGHT_EXCEPTION = "logs.uncaught_exception"
 
 
 def collective_of(tb: PyTraceback) -> str | None:
@@ -176,9 +177,10 @@ def _findings(candidates: list[_Candidate]) -> list[Finding]:
     for (kind, role), items in groups.items():
         items.sort(key=lambda c: c.order)
         ranks = _rank_list({c.rank for c in items})
-        message = items[0].title if items[0].kind != "exception" else items[0].text
+        message = items[0].title if items[0].kind != UNCAUGHT_EXCEPTION else items[0].text
+        facts = dict(items[0].event.facts) if items[0].event else {"exception": items[0].title.removesuffix(" raised")}
         findings.append(
-            Finding(kind, ranks, f"{message} ({format_ranks(ranks)})", role, items[0].category, _evidence(items))
+            Finding(kind, ranks, f"{message} ({format_ranks(ranks)})", role, items[0].category, _evidence(items), facts)
         )
     findings.sort(key=lambda f: (ROLES.index(f.role), min((c.order for c in groups[(f.kind, f.role)]), default=0)))
     return findings
@@ -221,61 +223,33 @@ def _frame_fact(tb: PyTraceback, frame) -> dict:
     return frame.to_fact(tb.rank)
 
 
-def _actions(primary: _Candidate, findings: list[Finding], extra: list[Action]) -> list[Action]:
-    """The actions of the rules involved, the primary failure's first, each fix once.
-
-    Rules of one family repeat a fix under their own titles (arming the flight recorder, say); an
-    action whose command and environment were already given adds nothing.
-    """
-    # What the analysis found about this job comes first; the rules' general advice follows.
-    ordered: list[Action] = [a for a in extra if a.rule == "culprit"]
-    rule_ids = [primary.kind] + [f.kind for f in findings if f.role != "collateral"]
-    for rule_id in dict.fromkeys(rule_ids):
-        rule = rule_by_id(rule_id)
-        ordered.extend(rule.actions if rule else ())
-        if rule_id == primary.kind:
-            ordered.extend(a for a in extra if a.rule != "culprit")
-    seen: set = set()
-    actions = []
-    for action in ordered:
-        if (action.command or "").startswith("torchtriage triage"):
-            continue  # the user just ran it: this verdict is that comparison
-
-        keys = {("title", action.title)}
-        if action.command or action.env:
-            keys.add(("fix", action.command, tuple(sorted(action.env.items()))))
-        if keys & seen:
-            continue
-        seen |= keys
-        actions.append(action)
-    return actions
+def _nothing_found(records: LogRecords) -> Assessment:
+    return Assessment(
+        "logs",
+        [],
+        "No known failure signature found" if records.files_read else "Nothing could be read",
+        facts={"ranks_seen": sorted(records.ranks_seen)},
+        files=records.files_read,
+        problems=records.problems,
+    )
 
 
-def build_verdict(records: LogRecords) -> Verdict:
+def assess_logs(records: LogRecords) -> Assessment:
+    """What the logs say: the first failure, the ranks that started it, their line, the rest as collateral."""
     candidates = _candidates(records)
     if not candidates:
-        summary = "No known failure signature found"
-        if not records.files_read:
-            summary = "Nothing could be read"
-        return Verdict(
-            "unknown",
-            [],
-            summary,
-            "low",
-            facts={"ranks_seen": sorted(records.ranks_seen)},
-            sources=records.files_read,
-            problems=records.problems,
-        )
+        return _nothing_found(records)
 
     primary, order_basis = _pick_primary(candidates)
     same_failure = [c for c in candidates if c.kind == primary.kind and c.role == primary.role]
     culprits = _rank_list({c.rank for c in same_failure})
     findings = _findings(candidates)
+    lead = next(f for f in findings if f.kind == primary.kind and f.role == primary.role)
     related = [c.event for c in candidates if c.event and c.category == primary.category]
     facts = _merge_facts(primary, related)
     facts.update(_child_failure_facts(records.child_failures))
+    lead.facts.update(facts)
 
-    extra_actions: list[Action] = []
     if primary.category in ("nccl_timeout", "hang"):
         waiting = {c.rank for c in same_failure if c.rank is not None}
         hang_culprits, hang_findings, hang_facts = collective_culprits(records, waiting)
@@ -286,20 +260,30 @@ def build_verdict(records: LogRecords) -> Verdict:
         elif primary.role != "primary":
             culprits = []  # the ranks that timed out are the victims; the culprit is not in the logs
     if primary.category == "oom":
-        mem_findings, mem_facts, mem_actions = memory_findings([c.event for c in same_failure if c.event])
-        findings[1:1] = mem_findings
+        mem_findings, mem_facts = memory_findings([c.event for c in same_failure if c.event])
+        findings[findings.index(lead) + 1 : findings.index(lead) + 1] = mem_findings
         facts.update(mem_facts)
-        extra_actions.extend(mem_actions)
 
+    blaming = next((f for f in findings if f.kind in TIMEOUT_KINDS and f.ranks == culprits and culprits), None)
+    if blaming is None and culprits and lead.role == "primary" and lead.ranks == culprits:
+        blaming = lead
+    if blaming is not None:
+        blaming.blames = True
     tb, frame = _user_frame(records, culprits, primary)
     if frame is not None:
         facts["user_frame"] = _frame_fact(tb, frame)
+        for finding in (blaming, lead):
+            if finding is not None:
+                finding.facts["site"] = f"{frame.file}:{frame.line} (in {frame.function})"
     else:
         # No culprit traceback: where the ranks that reported the failure were is still worth showing.
         reporters = _rank_list({c.rank for c in same_failure})
         waiting_tb, waiting = _user_frame(records, reporters, primary)
         if waiting is not None:
             facts["reporting_rank_frame"] = _frame_fact(waiting_tb, waiting)
+    undecided = next((f for f in findings if f.facts.get("undecided")), None)
+    if not culprits and undecided is not None:
+        facts["candidates"] = undecided.ranks
 
     facts["ranks_seen"] = sorted(records.ranks_seen)
     facts["order_basis"] = order_basis
@@ -309,52 +293,24 @@ def build_verdict(records: LogRecords) -> Verdict:
             "the verdict names the most specific failure, not necessarily the first."
         )
 
-    summary = _summary(primary, culprits, frame, facts, findings)
-    culprit_action = _culprit_action(findings, culprits, frame)
-    if culprit_action is not None:
-        extra_actions.insert(0, culprit_action)
     confidence = {"primary": "high", "symptom": "medium", "collateral": "low"}[primary.role]
-    if any(f.kind in _CULPRIT_FINDINGS and f.ranks == culprits for f in findings) and culprits:
+    if blaming is not None and blaming.kind in TIMEOUT_KINDS:
         confidence = "high"  # the ranks' own records single the culprit out
     elif primary.category == "unknown":
         confidence = "medium" if primary.role == "primary" and culprits else "low"
-    return Verdict(
-        category=primary.category,
-        culprit_ranks=culprits,
-        summary=summary,
-        confidence=confidence,
+    return Assessment(
+        source="logs",
         findings=findings,
-        actions=_actions(primary, findings, extra_actions),
+        summary=_summary(primary, culprits, frame, facts, findings),
+        category=primary.category,
+        culprits=culprits,
+        confidence=confidence,
         facts=facts,
-        sources=records.files_read,
+        files=records.files_read,
         problems=records.problems,
+        lead=lead,
+        blaming=blaming,
     )
-
-
-def _culprit_action(findings: list[Finding], culprits: list[int], frame) -> Action | None:
-    """When the ranks' records single out the culprit, the first thing to do is look at its code."""
-    lead = next((f for f in findings if f.kind in _CULPRIT_FINDINGS and f.ranks == culprits), None)
-    if lead is None or not culprits:
-        return None
-    who = format_ranks(culprits)
-    where = f" at {frame.file}:{frame.line} (in {frame.function})" if frame else ""
-    if lead.kind == "collective_mismatch":
-        detail = (
-            f"{who} reached a different collective{where} than the one its peers wait in. Every rank must issue "
-            "the same collectives in the same order: look for a data-dependent branch, an early exit or an "
-            "uneven number of batches on that rank, and make the decision agree across ranks."
-        )
-    elif lead.kind == "lagging_rank":
-        detail = (
-            f"{who} never issued the collective its peers wait in. Read that rank's log just before the timeout for "
-            "an earlier error, and if it is still alive, capture its stack to see the line it is stuck in."
-        )
-    else:
-        detail = (
-            f"{who} called the collective with a different {lead.kind.split('_')[0]}: compare the arguments it "
-            "passes with its peers' (assert_rank_uniform on the shapes pins the diverging rank)."
-        )
-    return Action("culprit", f"Look at what {who} does instead{where}", detail)
 
 
 _CULPRIT_FINDINGS = TIMEOUT_KINDS

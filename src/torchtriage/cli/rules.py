@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 
 from torchtriage import exit_codes
 from torchtriage.errors import UsageError
+from torchtriage.knowledge.actions import placeholder_facts, render
 from torchtriage.knowledge.rules import Rule, default_rules
 from torchtriage.model import CATEGORIES
 
@@ -29,32 +31,36 @@ def _as_dict(rule: Rule) -> dict:
         "cause": rule.cause,
         "source": rule.source,
         "patterns": [p.pattern for p in rule.patterns],
+        "found_by": rule.found_by,
         "examples": list(rule.examples),
         "collateral_of": list(rule.collateral_of),
-        "actions": [{"title": a.title, "detail": a.detail, "command": a.command, "env": a.env} for a in rule.actions],
+        "actions": [
+            {"title": a.title, "detail": a.detail, "command": a.command, "env": a.env, "when": a.when}
+            for a in rule.actions
+        ],
     }
 
 
 def _explain(rule: Rule) -> str:
-    lines = [
-        f"{rule.id}  [{rule.category}, {rule.role}]",
-        rule.title,
-        "",
-        "cause:",
-        f"  {rule.cause}",
-        "",
-        "matches lines like:",
-    ]
-    lines += [f"  {example}" for example in rule.examples[:3]]
-    lines += ["", "what to do:"]
-    for index, action in enumerate(rule.actions, 1):
-        lines.append(f"  {index}. {action.title}")
+    lines = [f"{rule.id}  [{rule.category}, {rule.role}]", rule.title, "", "cause:", f"  {rule.cause}", ""]
+    if rule.found_by:
+        lines += ["found by:", f"  {rule.found_by}"]
+    else:
+        lines += ["matches lines like:"] + [f"  {example}" for example in rule.examples[:3]]
+    if rule.actions:
+        lines += ["", "what to do:"]
+    # Templates are shown with their facts as <name>: what a verdict fills in from the job.
+    shown = placeholder_facts()
+    for index, template in enumerate(rule.actions, 1):
+        action = render(rule.id, replace(template, when=None), shown)
+        when = f"  (when {template.when.replace('_', ' ')})" if template.when else ""
+        lines.append(f"  {index}. {action.title}{when}")
         if action.detail:
             lines.append(f"     {action.detail}")
         lines += [f"     export {k}={v}" for k, v in action.env.items()]
         if action.command:
             lines.append(f"     $ {action.command}")
-    lines += ["", f"message format from: {rule.source}"]
+    lines += ["", f"{'reads' if rule.found_by else 'message format from'}: {rule.source}"]
     return "\n".join(lines)
 
 

@@ -19,6 +19,7 @@ class Matcher:
 
     def __init__(self, rules: tuple[Rule, ...] | list[Rule]):
         self.rules = tuple(rules)
+        self.rules_by_id = {rule.id: rule for rule in self.rules}
         by_anchor: dict[str, dict[str, Rule]] = {}
         for rule in self.rules:
             for anchor in rule.anchors:

@@ -1,30 +1,61 @@
-"""Loading and validating the knowledge base: `rules/*.toml`, one `[[rule]]` table per failure mode.
+"""The knowledge base: `rules/<prefix>.toml`, one `[[rule]]` table per failure mode.
 
-The format is documented in docs/rules.md. A rule that does not validate stops loading with a message
-naming the file and the rule: a broken knowledge base must never silently drop a failure mode.
+Two kinds of rule share one format (docs/rules.md):
+- a **log rule** has `patterns`: the lines it matches follow a format string of PyTorch, NCCL, CUDA,
+  DeepEP, a launcher or a framework, and its `examples` are checked through the real scanner;
+- an **analysis rule** has `found_by` instead: a failure mode an analyzer names from what several lines,
+  ranks or artifacts say together (a rank that never joined a collective, fragmentation in a memory
+  snapshot, a straggler in profiler traces).
+
+Either way the rule holds the cause and the actions, so `torchtriage rules` lists every failure mode
+the tool can name and every action a verdict carries comes from here. A rule lives in the file named
+by its id's prefix (`nccl.watchdog_timeout` in `nccl.toml`). A rule that does not validate stops
+loading with a message naming the file and the rule: a broken knowledge base must never silently drop
+a failure mode.
 """
 
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from torchtriage.model import CATEGORIES, ROLES, Action
+from torchtriage.knowledge.actions import ActionTemplate
+from torchtriage.knowledge.loader import (
+    INTEGER,
+    KNOWLEDGE_DIR,
+    STRING,
+    STRING_TABLE,
+    STRINGS,
+    TABLE,
+    TABLES,
+    KnowledgeError,
+    check_table,
+    read_toml,
+)
+from torchtriage.model import CATEGORIES, ROLES
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on 3.10
-    import tomli as tomllib
-
-RULES_DIR = Path(__file__).parent / "rules"
+RULES_DIR = KNOWLEDGE_DIR / "rules"
 _MIN_ANCHOR = 4
 
+RuleError = KnowledgeError  # the name callers have always caught
 
-class RuleError(ValueError):
-    """The knowledge base is malformed; the message names the file and rule."""
+_REQUIRED = {"id": STRING, "category": STRING, "title": STRING, "role": STRING, "cause": STRING, "source": STRING}
+_OPTIONAL = {
+    "patterns": STRINGS,
+    "anchors": STRINGS,
+    "found_by": STRING,
+    "actions": TABLES,
+    "priority": INTEGER,
+    "examples": STRINGS,
+    "example_facts": STRING_TABLE,
+    "collateral_of": STRINGS,
+    "superseded_by": STRINGS,
+    "rank_fact": STRING,
+    "ratio": TABLE,
+}
+_ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
 
 @dataclass(frozen=True)
@@ -37,7 +68,7 @@ class Rule:
     source: str
     patterns: tuple[re.Pattern[str], ...]
     anchors: tuple[str, ...]
-    actions: tuple[Action, ...]
+    actions: tuple[ActionTemplate, ...]
     priority: int = 50
     examples: tuple[str, ...] = ()
     example_facts: dict[str, str] = field(default_factory=dict)
@@ -52,6 +83,8 @@ class Rule:
     rank_fact: str | None = None
     # A line counts only when facts[numerator] / facts[denominator] >= at_least.
     ratio: tuple[str, str, float] | None = None
+    # For an analysis rule: the analysis that names it ("the flight recorder", "memory snapshots").
+    found_by: str | None = None
     file: str = ""
 
     def accepts(self, facts: dict[str, str]) -> bool:
@@ -61,7 +94,7 @@ class Rule:
         numerator, denominator, at_least = self.ratio
         try:
             return float(facts[numerator]) >= at_least * float(facts[denominator])
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, OverflowError):
             return False
 
 
@@ -105,18 +138,13 @@ def required_literal(pattern: str) -> str | None:
     return best or None
 
 
-def _actions(rule_id: str, raw: list[dict]) -> tuple[Action, ...]:
+def _actions(raw: list[dict], where: str) -> tuple[ActionTemplate, ...]:
     actions = []
-    for item in raw:
+    for index, item in enumerate(raw):
+        check_table(item, f"{where}, action #{index + 1}", *_ACTION_KEYS)
         env = {str(k): str(v) for k, v in (item.get("env") or {}).items()}
         actions.append(
-            Action(
-                rule=rule_id,
-                title=item["title"],
-                detail=item.get("detail", ""),
-                command=item.get("command"),
-                env=env,
-            )
+            ActionTemplate(item["title"], item.get("detail", ""), item.get("command"), env, item.get("when"))
         )
     return tuple(actions)
 
@@ -130,16 +158,7 @@ def _ratio(raw: dict | None, where: str) -> tuple[str, str, float] | None:
         raise RuleError(f"{where}: `ratio` needs numerator, denominator and at_least") from None
 
 
-def _build_rule(raw: dict, file: str) -> Rule:
-    rule_id = raw.get("id", "<no id>")
-    where = f"{file}: rule {rule_id}"
-    for key in ("id", "category", "title", "role", "cause", "source"):
-        if not raw.get(key):
-            raise RuleError(f"{where}: missing `{key}`")
-    if raw["category"] not in CATEGORIES:
-        raise RuleError(f"{where}: unknown category {raw['category']!r}")
-    if raw["role"] not in ROLES:
-        raise RuleError(f"{where}: role must be one of {ROLES}")
+def _patterns(raw: dict, where: str) -> tuple[list[re.Pattern[str]], list[str]]:
     patterns = []
     for text in raw.get("patterns", []):
         try:
@@ -156,6 +175,27 @@ def _build_rule(raw: dict, file: str) -> Rule:
                     "give `anchors` explicitly"
                 )
             anchors.append(literal)
+    return patterns, anchors
+
+
+def _build_rule(raw: dict, file: str) -> Rule:
+    where = f"{file}: rule {raw.get('id', '<no id>') if isinstance(raw, dict) else '?'}"
+    check_table(raw, where, _REQUIRED, _OPTIONAL)
+    rule_id = raw["id"]
+    prefix = Path(file).stem
+    if not rule_id.startswith(prefix + "."):
+        raise RuleError(f"{where}: the ids in {file} start with `{prefix}.`: a failure mode has one home")
+    if raw["category"] not in CATEGORIES:
+        raise RuleError(f"{where}: unknown category {raw['category']!r} (one of {', '.join(CATEGORIES)})")
+    if raw["role"] not in ROLES:
+        raise RuleError(f"{where}: role must be one of {', '.join(ROLES)}")
+    if bool(raw.get("patterns")) == bool(raw.get("found_by")):
+        raise RuleError(f"{where}: give `patterns` (a log rule) or `found_by` (an analysis rule), one of them")
+    if raw.get("patterns") and not raw.get("examples"):
+        raise RuleError(f"{where}: a log rule shows the lines it matches in `examples`")
+    if raw.get("patterns") and not raw.get("actions"):
+        raise RuleError(f"{where}: a log rule routes to at least one action (`[[rule.actions]]`)")
+    patterns, anchors = _patterns(raw, where)
     return Rule(
         id=rule_id,
         category=raw["category"],
@@ -165,7 +205,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         source=raw["source"],
         patterns=tuple(patterns),
         anchors=tuple(dict.fromkeys(anchors)),
-        actions=_actions(rule_id, raw.get("actions", [])),
+        actions=_actions(raw.get("actions", []), where),
         priority=int(raw.get("priority", 50)),
         examples=tuple(raw.get("examples", [])),
         example_facts={str(k): str(v) for k, v in (raw.get("example_facts") or {}).items()},
@@ -173,19 +213,23 @@ def _build_rule(raw: dict, file: str) -> Rule:
         superseded_by=tuple(raw.get("superseded_by", [])),
         rank_fact=raw.get("rank_fact"),
         ratio=_ratio(raw.get("ratio"), where),
+        found_by=raw.get("found_by"),
         file=file,
     )
 
 
 def load_rules(directory: Path = RULES_DIR) -> list[Rule]:
+    """Every rule in `directory`/*.toml; a KnowledgeError names what does not validate."""
+    if not directory.is_dir():
+        raise RuleError(f"{directory}: no such folder of rules")
+    files = sorted(directory.glob("*.toml"))
+    if not files:
+        raise RuleError(f"{directory}: holds no rule files (*.toml)")
     rules: list[Rule] = []
     seen: dict[str, str] = {}
-    for path in sorted(directory.glob("*.toml")):
-        try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
-        except tomllib.TOMLDecodeError as err:
-            raise RuleError(f"{path.name}: not valid TOML: {err}") from None
-        for raw in data.get("rule", []):
+    for path in files:
+        data = check_table(read_toml(path), path.name, {"rule": TABLES})
+        for raw in data["rule"]:
             rule = _build_rule(raw, path.name)
             if rule.id in seen:
                 raise RuleError(f"{path.name}: rule id {rule.id} is also defined in {seen[rule.id]}")
@@ -194,10 +238,29 @@ def load_rules(directory: Path = RULES_DIR) -> list[Rule]:
     return rules
 
 
+def with_extra_rules(directory: Path) -> list[Rule]:
+    """The built-in rules and the user's in `directory`; a user rule may not reuse a built-in id."""
+    extra = load_rules(directory)
+    built_in = {rule.id: rule for rule in default_rules()}
+    shadowing = [rule for rule in extra if rule.id in built_in]
+    if shadowing:
+        names = ", ".join(f"{r.id} ({r.file})" for r in shadowing[:5])
+        raise RuleError(
+            f"{directory}: {names} reuse{'s' if len(shadowing) == 1 else ''} the id of a built-in rule; "
+            "give your rule an id of its own (`torchtriage rules` lists the built-in ones)"
+        )
+    return list(default_rules()) + extra
+
+
 @lru_cache(maxsize=1)
 def default_rules() -> tuple[Rule, ...]:
     return tuple(load_rules())
 
 
+@lru_cache(maxsize=1)
+def _by_id() -> dict[str, Rule]:
+    return {rule.id: rule for rule in default_rules()}
+
+
 def rule_by_id(rule_id: str) -> Rule | None:
-    return next((rule for rule in default_rules() if rule.id == rule_id), None)
+    return _by_id().get(rule_id)

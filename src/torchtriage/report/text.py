@@ -6,6 +6,7 @@ import os
 import sys
 
 from torchtriage.model import Verdict
+from torchtriage.ranks import format_ranks
 
 _ROLE_LABEL = {"primary": "cause", "symptom": "symptom", "collateral": "collateral"}
 _MAX_FINDINGS = 12
@@ -20,6 +21,15 @@ def _style(text: str, code: str, colour: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if colour else text
 
 
+def _culprit_line(verdict: Verdict) -> str:
+    if verdict.culprit_ranks:
+        return ", ".join(str(r) for r in verdict.culprit_ranks)
+    candidates = verdict.facts.get("candidates")
+    if candidates:
+        return f"undecided between {format_ranks(candidates)}: the evidence cannot tell them apart"
+    return "not identified"
+
+
 def render_text(verdict: Verdict, stream=None) -> str:
     colour = _use_colour(stream or sys.stdout)
     bold = lambda s: _style(s, "1", colour)  # noqa: E731
@@ -27,8 +37,7 @@ def render_text(verdict: Verdict, stream=None) -> str:
     lines = [
         f"{bold('verdict')}   {_style(verdict.category, '1;31' if verdict.findings else '1;32', colour)}"
         f"  (confidence: {verdict.confidence})",
-        f"{bold('culprit')}   "
-        + (", ".join(str(r) for r in verdict.culprit_ranks) if verdict.culprit_ranks else "not identified"),
+        f"{bold('culprit')}   {_culprit_line(verdict)}",
         f"{bold('summary')}   {verdict.summary}",
     ]
     frame = verdict.facts.get("user_frame")
@@ -36,9 +45,11 @@ def render_text(verdict: Verdict, stream=None) -> str:
         lines.append(f"{bold('where')}     {frame['file']}:{frame['line']} in {frame['function']}")
     waiting = verdict.facts.get("reporting_rank_frame")
     if waiting:
+        # Only a rank outside the named culprits is known not to be one.
+        role = "not the culprit" if verdict.culprit_ranks else "which rank started it is not decided"
         lines.append(
             f"{bold('waiting')}   rank {waiting['rank']} was at {waiting['file']}:{waiting['line']} "
-            f"in {waiting['function']} (a rank that reported the failure, not the culprit)"
+            f"in {waiting['function']} (a rank that reported the failure; {role})"
         )
     if verdict.findings:
         lines += ["", bold("evidence")]

@@ -32,7 +32,7 @@ from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
 
-from torchtriage.knowledge.stacks import is_library_file
+from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 

@@ -20,14 +20,9 @@ import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+from torchtriage.knowledge.kernels import COMMUNICATION, KernelTable, kernel_table
 
 _CHUNK = 1 << 20
 _MAX_EVENT_CHARS = 64 << 20  # one event bigger than this is not truncation but garbage
@@ -35,8 +30,6 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 _TRAILING_NUMBER = re.compile(r"(\d+)(?:\.pt)?\.(?:trace\.)?json(?:\.gz)?$")
 
-COMPUTE, COMMUNICATION, MEMORY = 0, 1, 2
-KIND_NAMES = ("compute", "communication", "memory")
 
 
 class TraceReadError(ValueError):
@@ -45,76 +38,6 @@ class TraceReadError(ValueError):
     def __init__(self, message: str, partial: bool = False) -> None:
         super().__init__(message)
         self.partial = partial
-
-
-# ----------------------------------------------------------------------------- knowledge
-
-
-@dataclass(frozen=True)
-class KernelTable:
-    ignore_categories: frozenset
-    comm_categories: frozenset
-    comm_prefixes: tuple
-    comm_substrings: tuple
-    memory_categories: frozenset
-    memory_prefixes: tuple
-    gpu_categories: frozenset
-    collective_record_names: frozenset
-    backend_prefixes: tuple
-    collective_kinds: dict  # alias (lowercase) -> kind
-    busbw: dict  # kind -> factor expression
-    dtype_bytes: dict
-
-    def classify(self, category: str, name: str) -> int | None:
-        """COMPUTE, COMMUNICATION or MEMORY for a GPU activity; None for what is not GPU work."""
-        if category in self.ignore_categories or category not in self.gpu_categories:
-            return None
-        if category in self.comm_categories or name.startswith(self.comm_prefixes):
-            return COMMUNICATION
-        if any(s in name for s in self.comm_substrings):
-            return COMMUNICATION
-        if category in self.memory_categories or name.startswith(self.memory_prefixes):
-            return MEMORY
-        return COMPUTE
-
-    def collective_kind(self, name: str) -> str:
-        key = name.lower().removeprefix("nccl:").removeprefix("gloo:").removeprefix("c10d::")
-        return self.collective_kinds.get(key, key)
-
-    def busbw_factor(self, kind: str, group_size: int) -> float:
-        expr = self.busbw.get(kind, "1")
-        n = max(group_size, 1)
-        return {"2(n-1)/n": 2 * (n - 1) / n, "(n-1)/n": (n - 1) / n, "0": 0.0}.get(expr, 1.0)
-
-
-@lru_cache(maxsize=1)
-def kernel_table() -> KernelTable:
-    path = Path(__file__).resolve().parent.parent / "knowledge" / "kernels.toml"
-    with open(path, "rb") as handle:
-        data = tomllib.load(handle)
-    kinds: dict[str, str] = {}
-    busbw: dict[str, str] = {}
-    for kind, spec in data.get("collectives", {}).items():
-        busbw[kind] = str(spec.get("busbw", "1"))
-        for alias in spec.get("names", []):
-            kinds[alias.lower()] = kind
-    comm, memory = data.get("communication", {}), data.get("memory", {})
-    gpu = set(data.get("compute", {}).get("categories", [])) | set(memory.get("categories", []))
-    gpu |= set(comm.get("categories", []))
-    return KernelTable(
-        ignore_categories=frozenset(data.get("ignore", {}).get("categories", [])),
-        comm_categories=frozenset(comm.get("categories", [])),
-        comm_prefixes=tuple(comm.get("kernel_prefixes", [])),
-        comm_substrings=tuple(comm.get("kernel_substrings", [])),
-        memory_categories=frozenset(memory.get("categories", [])),
-        memory_prefixes=tuple(memory.get("kernel_prefixes", [])),
-        gpu_categories=frozenset(gpu),
-        collective_record_names=frozenset(data.get("collective_records", {}).get("names", ["record_param_comms"])),
-        backend_prefixes=tuple(data.get("collective_records", {}).get("backend_prefixes", [])),
-        collective_kinds=kinds,
-        busbw=busbw,
-        dtype_bytes=dict(data.get("dtype_bytes", {})),
-    )
 
 
 # ----------------------------------------------------------------------------- streaming JSON

@@ -1,4 +1,4 @@
-"""What frames mean, read from `stacks.toml`: the one decision of "is this the user's code", and the
+"""What frames mean, read from `frames.toml`: the one decision of "is this the user's code", and the
 tables the stack classifier (`analysis.positions`) uses to tell what a rank is doing."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torchtriage.knowledge.loader import (
     read_toml,
 )
 
-STACKS_FILE = KNOWLEDGE_DIR / "stacks.toml"
+FRAMES_FILE = KNOWLEDGE_DIR / "frames.toml"
 _STDLIB = frozenset(sys.stdlib_module_names)
 _WINDOWS_DRIVE = re.compile(r"^[A-Za-z]:[\\/]")
 
@@ -63,7 +63,7 @@ def _compile(text: str, where: str) -> re.Pattern[str]:
         raise KnowledgeError(f"{where}: {text!r} does not compile: {err}") from None
 
 
-def load_stack_knowledge(path: Path = STACKS_FILE) -> StackKnowledge:
+def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
     data = check_table(
         read_toml(path),
         path.name,
