@@ -53,7 +53,7 @@ def test_post_mortem_names_missing_sources(tmp_path):
 
 def test_bad_arguments(tmp_path):
     done = run_cli("diagnose", tmp_path / "nope")
-    assert done.returncode == exit_codes.USAGE and b"no such file" in done.stderr
+    assert done.returncode == exit_codes.BAD_INPUT and b"no such file" in done.stderr
 
 
 # --- live ------------------------------------------------------------------------------------------

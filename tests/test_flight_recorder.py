@@ -12,7 +12,9 @@ import pytest
 from conftest import FIXTURES, H200, run_cli
 from torchtriage import exit_codes
 from torchtriage.analysis.flight_recorder import build_verdict
-from torchtriage.sources.flight_recorder import load_dumps, rank_from_name
+from torchtriage.model import SourceKind
+from torchtriage.sources.flight_recorder import load_dumps
+from torchtriage.sources.registry import rank_from_name
 from torchtriage.sources.safe_pickle import PickleCorrupt, PickleRefused, safe_loads
 
 FR = FIXTURES / "fr"
@@ -312,7 +314,7 @@ def test_json_form_and_rank_from_content(tmp_path):
     ],
 )
 def test_rank_from_file_names(name, rank):
-    assert rank_from_name(name) == rank
+    assert rank_from_name(name, SourceKind.FLIGHT_RECORDER) == rank
 
 
 def test_version_mismatch_is_a_clear_message_and_other_files_still_count(tmp_path):

@@ -6,7 +6,8 @@ import pytest
 
 from conftest import FIXTURES, H200
 from torchtriage.errors import InputError, TriageError
-from torchtriage.sources.pyspy import load_rank_dumps, parse_dump, parse_json, parse_text, read_dump, read_rank_dump
+from torchtriage.sources.pyspy import parse_dump, parse_json, parse_text, read_dump, read_rank_dump
+from torchtriage.sources.stacks import load_rank_stacks
 
 STACKS = FIXTURES / "stacks"
 
@@ -203,13 +204,13 @@ def test_parse_json_rejects_text_and_parse_text_rejects_json():
 
 
 def test_a_folder_loads_one_dump_per_rank_preferring_native_frames():
-    dumps = load_rank_dumps([STACKS / "skip_4ranks"])
+    dumps = load_rank_stacks([STACKS / "skip_4ranks"])
     assert sorted(dumps) == [0, 1, 2, 3]
     assert all(p.has_native_frames for p in dumps.values())
 
 
 def test_h200_file_names_give_the_rank():
-    dumps = load_rank_dumps([H200 / "skip" / "pyspy_rank0.txt", H200 / "skip" / "pyspy_rank1.txt"])
+    dumps = load_rank_stacks([H200 / "skip" / "pyspy_rank0.txt", H200 / "skip" / "pyspy_rank1.txt"])
     assert {r: p.pid for r, p in dumps.items()} == {0: 669, 1: 670}
 
 
@@ -227,4 +228,4 @@ def test_a_dump_without_a_rank_in_its_name_or_with_several_processes_is_refused(
 
 def test_an_empty_folder_is_an_input_error(tmp_path):
     with pytest.raises(InputError, match="no py-spy dumps"):
-        load_rank_dumps([tmp_path])
+        load_rank_stacks([tmp_path])

@@ -80,7 +80,7 @@ def test_nothing_readable_and_usage(tmp_path, capsys):
     empty.mkdir()
     assert main(["report", str(empty), "--html", str(tmp_path / "r.html")]) == exit_codes.BAD_INPUT
     assert not (tmp_path / "r.html").exists()
-    assert main(["report", str(tmp_path / "missing"), "--html", str(tmp_path / "r.html")]) == exit_codes.USAGE
+    assert main(["report", str(tmp_path / "missing"), "--html", str(tmp_path / "r.html")]) == exit_codes.BAD_INPUT
     assert main(["report", str(SKIP), "--html", str(tmp_path)]) == exit_codes.USAGE
     capsys.readouterr()
 

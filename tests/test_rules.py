@@ -9,7 +9,7 @@ from torchtriage.analysis.log_records import LogRecords, read_logs
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import default_rules, required_literal
 from torchtriage.model import CATEGORIES
-from torchtriage.sources.files import Artifact
+from torchtriage.sources.registry import log_input
 
 RULES = default_rules()
 MATCHER = Matcher(RULES)
@@ -17,7 +17,8 @@ MATCHER = Matcher(RULES)
 
 def events_for(text: str):
     records = LogRecords()
-    read_logs([Artifact("example.log", None)], MATCHER, records, opener=lambda _: io.BytesIO(text.encode()))
+    log = log_input("example.log")
+    read_logs([log], MATCHER, records, opener=lambda _: io.BytesIO(text.encode()))
     return records.events
 
 

@@ -63,7 +63,7 @@ def test_trie_regex_finds_words_sharing_prefixes():
 
 
 def test_concatenated_and_truncated_gzip_keep_every_line_they_hold():
-    from torchtriage.sources.files import TolerantGunzip
+    from torchtriage.sources.streams import TolerantGunzip
 
     first, second = make_log(300), b"final Xid 79\n"
     joined = gzip.compress(first) + gzip.compress(second)

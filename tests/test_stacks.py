@@ -17,7 +17,8 @@ from torchtriage.analysis import stacks as S
 from torchtriage.analysis.stacks import analyze_positions, analyze_stacks, classify_thread, stacks_verdict
 from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
-from torchtriage.sources.pyspy import ProcessStack, ThreadStack, load_rank_dumps, parse_dump
+from torchtriage.sources.pyspy import ProcessStack, ThreadStack, parse_dump
+from torchtriage.sources.stacks import load_rank_stacks
 
 STACKS = FIXTURES / "stacks"
 HANG_JOB = Path(__file__).parent / "jobs" / "hang.py"
@@ -25,7 +26,7 @@ FORMS = {"text": "rank??.txt", "json": "rank??.json", "native": "rank??.native.t
 
 
 def load(case: str, form: str) -> dict[int, ProcessStack]:
-    return load_rank_dumps(sorted((STACKS / case).glob(FORMS[form])))
+    return load_rank_stacks(sorted((STACKS / case).glob(FORMS[form])))
 
 
 # case -> (culprit ranks, (function, line) of the culprit's user frame) per tests/fixtures/stacks/README.md
@@ -109,7 +110,7 @@ def test_native_peer_stacks_show_work_wait_under_the_collective():
 
 @pytest.mark.parametrize("prefix", ["pyspy_rank", "pyspy_native_rank"])
 def test_h200_skip_culprit_sleeps_while_rank_0_waits_for_the_gpu(prefix):
-    dumps = load_rank_dumps([H200 / "skip" / f"{prefix}{r}.txt" for r in (0, 1)])
+    dumps = load_rank_stacks([H200 / "skip" / f"{prefix}{r}.txt" for r in (0, 1)])
     analysis = analyze_stacks(dumps)
     assert analysis.culprit_ranks == [1]
     waiting, culprit = analysis.positions[0], analysis.positions[1]
@@ -126,7 +127,7 @@ def test_h200_skip_culprit_sleeps_while_rank_0_waits_for_the_gpu(prefix):
 
 @pytest.mark.parametrize("case, culprit_line", [("size", 19), ("op", 21)])
 def test_h200_size_and_op_both_wait_for_the_gpu_at_different_lines_and_stay_undecided(case, culprit_line):
-    dumps = load_rank_dumps([H200 / case / f"pyspy_rank{r}.txt" for r in (0, 1)])
+    dumps = load_rank_stacks([H200 / case / f"pyspy_rank{r}.txt" for r in (0, 1)])
     analysis = analyze_stacks(dumps)
     assert analysis.culprit_ranks == []
     assert [p.user_frame.line for p in analysis.positions.values()] == [23, culprit_line]
@@ -331,7 +332,7 @@ def test_a_live_hung_job_is_diagnosed_from_real_py_spy_dumps(tmp_path):
     finally:
         _kill_job(job)
     for pattern in ("rank??.txt", "rank??.json"):
-        verdict = stacks_verdict(analyze_stacks(load_rank_dumps(sorted(tmp_path.glob(pattern)))))
+        verdict = stacks_verdict(analyze_stacks(load_rank_stacks(sorted(tmp_path.glob(pattern)))))
         assert verdict.culprit_ranks == [1]
         assert verdict.facts["user_frame"]["function"] == "culprit_skip"
         assert verdict.facts["state_by_rank"] == {"0": S.COLLECTIVE, "1": S.SLEEPING}

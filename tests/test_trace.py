@@ -246,7 +246,6 @@ def test_truncated_gzip_keeps_what_was_read(tmp_path, capsys):
         ('{"traceEvents": [{"ph": "X", "ts": 1} {"ph": "X"}]}', "expected ',' or ']'"),
         ('{"traceEvents": [{"ph": "X", "ts": 1}, {"ph": "X", "na', "truncated"),
         ('{"other": 1}', "not a PyTorch profiler trace"),
-        ("hello", "invalid JSON"),
     ],
 )
 def test_invalid_json_is_a_clear_message(tmp_path, capsys, text, message):
@@ -261,6 +260,19 @@ def test_invalid_json_is_a_clear_message(tmp_path, capsys, text, message):
     assert main(["trace", str(path)]) == exit_codes.BAD_INPUT
     out = capsys.readouterr()
     assert message in out.err + out.out
+
+
+def test_a_file_that_is_another_kind_is_named_as_what_it_is(tmp_path, capsys):
+    log = tmp_path / "bad.json"
+    log.write_text("hello")
+    with pytest.raises(TraceReadError, match="invalid JSON"):
+        read_trace(str(log))
+    # Routed through the source registry, the verb says what the file is and which verb reads it.
+    assert main(["trace", str(log)]) == exit_codes.BAD_INPUT
+    assert "bad.json: this is a log, not a profiler trace; `torchtriage triage` reads it" in capsys.readouterr().err
+    timeline = FIXTURES / "h200x1" / "formats" / "timeline.json.gz"  # export_memory_timeline, one H200
+    assert main(["trace", str(timeline)]) == exit_codes.BAD_INPUT
+    assert "a memory timeline (export_memory_timeline), not a profiler trace" in capsys.readouterr().err
 
 
 def test_not_gzip_and_missing(tmp_path, capsys):

@@ -82,6 +82,7 @@ class SourceKind(_Vocabulary):
     MEMORY_TIMELINE = "memory_timeline"
     NVIDIA = "nvidia"
     TORCHTRIAGE_OUTPUT = "torchtriage_output"
+    DOCUMENT = "document"  # notes, pages, pictures, source code: not evidence
     UNKNOWN = "unknown"
 
 

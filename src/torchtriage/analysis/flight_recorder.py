@@ -93,7 +93,8 @@ def build_groups(load: LoadResult) -> dict[tuple[str, str | None], Group]:
                 continue
             desc = descs.get(name, "")
             if desc in _DEFAULT_PG_DESCS or (name == "0" and desc in ("", "undefined")):
-                members = tuple(sorted(set(range(world_top + 1)) | {d.rank for d in dumps}))
+                world = load.ranks_of(dump.nameless_ranks) or range(world_top + 1)
+                members = tuple(sorted(set(world) | {d.rank for d in dumps}))
             else:
                 members = tuple(sorted(recorded_by[name]))
             groups[(name, None)] = Group(name, desc, members, True, None)
@@ -651,7 +652,8 @@ def assess_dumps(load: LoadResult) -> Assessment:
         confidence = {"majority": "high", "sizes": "high"}.get(lead.decided_by, "medium")
     if lead is not None and lead.kind == "state_mismatch" and not culprits:
         culprits = list(lead.culprits)
-    if not culprits and all_missing and load.dumps and _present_ranks_wait(groups, dumps):
+    compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
+    if not culprits and all_missing and compared and _present_ranks_wait(groups, dumps):
         findings.append(
             Finding(
                 "fr.missing_dump",
@@ -698,9 +700,8 @@ def assess_dumps(load: LoadResult) -> Assessment:
             if where is not None:
                 blaming.facts["site"] = str(where[1])
     summary = _summary(lead, culprits, findings, load)
-    compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
     if not findings and not compared:
-        summary = _cannot_compare(load, groups)
+        summary = _cannot_compare(load, groups, dumps)
     return Assessment(
         source="flight_recorder",
         findings=findings,
@@ -735,16 +736,25 @@ def _lead_facts(lead: Disagreement, dumps: dict[int, RankDump], signatures: dict
     return facts
 
 
-def _cannot_compare(load: LoadResult, groups: dict) -> str:
-    """What a single dump (or dumps of disjoint groups) lets us say: nothing across ranks."""
+def _cannot_compare(load: LoadResult, groups: dict, dumps: dict[int, RankDump]) -> str:
+    """What a single dump (or dumps of disjoint groups) lets us say: nothing across ranks, and where it is."""
     ranks = sorted(d.rank for d in load.dumps)
     if not ranks:
         return "No flight-recorder dump could be read"
     members = sorted({r for g in groups.values() for r in g.members} - set(ranks))
-    missing = f"; the dumps of {format_ranks(members)} (members of its groups) are missing" if members else ""
+    if not members:
+        return f"{format_ranks(ranks)} alone in its groups: nothing to compare across ranks"
+    where = []
+    for rank in ranks[:4]:
+        last = _last_op(dumps[rank])
+        if last is not None:
+            state = dumps[rank].tracks[last[0]].states[-1]
+            where.append(f"rank {rank}'s last collective is seq {last[1]} of pg {last[0]} ({state})")
+    shown = f" ({'; '.join(where)})" if where else ""
     return (
-        f"cannot compare: only {format_ranks(ranks)}'s dump was read{missing}. A collective is judged across "
-        "the ranks of its group: give every rank's dump"
+        f"cannot compare: only {format_ranks(ranks)}'s dump was read{shown}; the dumps of {format_ranks(members)}, "
+        "members of its groups, are missing. A collective is judged across the ranks of its group: give every "
+        "rank's dump"
     )
 
 

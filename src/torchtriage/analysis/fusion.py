@@ -72,9 +72,16 @@ def _category(lead: Assessment, present: dict[str, Assessment], diagnosing_a_han
 
 
 def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment]) -> tuple[list[Finding], bool, bool]:
-    """The sources_agree / sources_disagree findings; whether any two agree, whether any disagrees."""
+    """The sources_agree / sources_disagree findings; whether any two agree, whether any disagrees.
+
+    Only sources that name the culprit of the same failure are compared: the lead, and the hang's sources
+    (the ranks an OOM started on and the rank a hang waits for are one question; a straggler is another).
+    """
     culprits = list(lead.culprits)
-    named = {name: a.culprits for name, a in present.items() if a.culprits}
+    if not culprits:
+        return [], False, False
+    comparable = {name: a for name, a in present.items() if a is lead or name in HANG_SOURCES}
+    named = {name: a.culprits for name, a in comparable.items() if a.culprits}
     agree = [name for name, ranks in named.items() if ranks == culprits]
     disagree = {name: ranks for name, ranks in named.items() if ranks != culprits}
     category = lead.category if lead.category not in (Category.UNKNOWN, Category.OK) else Category.HANG

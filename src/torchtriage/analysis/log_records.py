@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame, RankPosition, SourceKind
-from torchtriage.sources.files import Artifact, Unreadable, open_text_stream
 from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, scan_lines
+from torchtriage.sources.registry import Input, open_input
 
 
 @dataclass
@@ -102,7 +102,7 @@ def _report_time(value: str) -> float | None:
 class _FileReader:
     """Per-file state while its hit lines stream by."""
 
-    def __init__(self, artifact: Artifact, matcher: Matcher, records: LogRecords):
+    def __init__(self, artifact: Input, matcher: Matcher, records: LogRecords):
         self.artifact = artifact
         self.matcher = matcher
         self.records = records
@@ -114,7 +114,7 @@ class _FileReader:
 
     def feed(self, line_no: int, raw: bytes) -> None:
         line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
-        rank = line.rank if line.rank is not None else self.artifact.rank_hint
+        rank = line.rank if line.rank is not None else self.artifact.rank
         text = line.text
         in_report = self._track_report(text, line_no)
         if in_report and self.report_entry is not None and rank is None:
@@ -229,17 +229,18 @@ class _FileReader:
 
 
 def read_logs(
-    artifacts: list[Artifact],
+    artifacts: list[Input],
     matcher: Matcher,
     records: LogRecords | None = None,
-    opener=open_text_stream,
+    opener=open_input,
 ) -> LogRecords:
+    """Stream every log through the matcher; what cannot be read (fully) is added to the problems."""
     records = records or LogRecords()
     for artifact in artifacts:
         try:
             stream = opener(artifact)
-        except Unreadable as err:
-            records.problems.append(str(err))
+        except OSError as err:
+            records.problems.append(f"{artifact.display}: cannot be read: {err.strerror or err}.")
             continue
         reader = _FileReader(artifact, matcher, records)
         try:
@@ -253,7 +254,6 @@ def read_logs(
             records.problems.append(f"{artifact.display}: reading stopped early ({err}); analysed what came before.")
         finally:
             reader.close()
-            if artifact.path != "-":
-                stream.close()
+            stream.close()
         records.files_read.append(artifact.display)
     return records

@@ -11,8 +11,8 @@ from torchtriage.analysis.triage import assess_logs
 from torchtriage.errors import InputError
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import RuleError, default_rules, with_extra_rules
-from torchtriage.model import Assessment, Verdict
-from torchtriage.sources.files import Artifact, discover
+from torchtriage.model import Assessment, SourceKind, Verdict
+from torchtriage.sources.registry import Input, discover, log_input, not_read_here
 
 _default_matcher: Matcher | None = None
 
@@ -30,16 +30,22 @@ def matcher_for(extra_rules_dir: str | None = None) -> Matcher:
         raise InputError(f"--rules-dir: the rules do not load: {err}") from None
 
 
-def assess_paths(paths: list[str], matcher: Matcher | None = None) -> Assessment:
-    """What the logs at `paths` (files, folders, `-`) say. Raises InputError when nothing could be read."""
-    problems: list[str] = []
-    artifacts = discover(paths, problems)
-    records = read_logs(artifacts, matcher or matcher_for())
+def assess_inputs(inputs: list[Input], matcher: Matcher | None = None, problems: list[str] | None = None) -> Assessment:
+    """What the logs among `inputs` say. Raises InputError when no log could be read."""
+    problems = list(problems or []) + not_read_here(inputs, (SourceKind.LOG,))
+    records = read_logs([i for i in inputs if i.kind == SourceKind.LOG], matcher or matcher_for())
     records.problems[:0] = problems
     if not records.files_read:
         reasons = "\n  ".join(records.problems) or "no input"
-        raise InputError(f"nothing could be read:\n  {reasons}")
+        raise InputError(f"no log could be read:\n  {reasons}")
     return assess_logs(records)
+
+
+def assess_paths(paths: list[str], matcher: Matcher | None = None) -> Assessment:
+    """What the logs at `paths` (files, folders, `-`) say. Raises InputError when no log could be read."""
+    problems: list[str] = []
+    inputs = discover(paths, problems)
+    return assess_inputs(inputs, matcher, problems)
 
 
 def triage_paths(paths: list[str], extra_rules_dir: str | None = None) -> Verdict:
@@ -52,5 +58,5 @@ def triage_text(text: str | bytes, name: str = "<text>") -> Verdict:
     """Triage a log held in memory (tests, notebooks, the evaluation script)."""
     data = text.encode("utf-8", errors="replace") if isinstance(text, str) else text
     records = LogRecords()
-    read_logs([Artifact(name, None)], matcher_for(), records, opener=lambda _: io.BytesIO(data))
+    read_logs([log_input(name)], matcher_for(), records, opener=lambda _: io.BytesIO(data))
     return verdict_of(assess_logs(records))

@@ -1,167 +1,176 @@
-"""A fused verdict from what a job left behind: stack dumps, flight-recorder dumps and logs.
+"""Everything a job left behind, read by kind and fused into one verdict (`diagnose`, `report`, the watchdog).
 
-Given folders and files, each is sorted by what it holds — py-spy stacks (`rank<N>.txt|json` in
-py-spy's format), flight-recorder dumps (pickle or JSON), or logs (everything else that is text) —
-each kind is analysed by its own reader, and the verdicts are fused.
+The source registry sorts the paths by content: logs, py-spy and faulthandler stacks, flight-recorder
+dumps, profiler traces and CUDA memory snapshots. Each kind is assessed by its own analyzer, and fusion
+makes one verdict of them all: a failure that is a cause in itself (an OOM in a log or a snapshot)
+outranks the hang it caused, and the hang outranks a straggler's skew.
 """
 
 from __future__ import annotations
 
-import gzip
-import os
-import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from torchtriage.analysis.fusion import HANG_SOURCES, fuse
-from torchtriage.errors import TriageError
-from torchtriage.model import Assessment, Verdict
-from torchtriage.sources.files import rank_from_path
+from torchtriage.errors import InputError, TriageError
+from torchtriage.model import Assessment, Category, SourceKind, Verdict
+from torchtriage.sources.registry import Input, discover, not_read_here
 
-# Files of our own making, and source files, notes and pictures, are not evidence.
-_OWN_FILES = ("summary.json", "verdict.json", "verdict.txt", "REQUEST")
-_NOT_LOGS = (".md", ".py", ".sh", ".svg", ".html", ".htm", ".png", ".jpg")
-_TRACE_SUFFIXES = (".json", ".json.gz")
-# What a profiler trace and a CUDA memory snapshot hold in their first bytes.
-_TRACE_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
-_SNAPSHOT_KEYS = (b"segments", b"device_traces")
+STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER)
+# What a post-mortem reads: a hang's three sources, and what slow or out-of-memory jobs leave.
+RUN_KINDS = (
+    SourceKind.LOG,
+    *STACK_KINDS,
+    SourceKind.FLIGHT_RECORDER,
+    SourceKind.PROFILER_TRACE,
+    SourceKind.MEMORY_SNAPSHOT,
+)
+_MISSING = {
+    "stacks": "no py-spy dumps found (nor faulthandler dumps)",
+    "flight_recorder": "no flight-recorder dumps found",
+    "logs": "no logs found",
+}
 
 
 @dataclass
-class Artifacts:
-    stacks: list[str] = field(default_factory=list)
-    flight_recorder: list[str] = field(default_factory=list)
-    logs: list[str] = field(default_factory=list)
-    # Not evidence of a hang, and never to be read as dumps or logs: `trace` and `memory` read them.
-    traces: list[str] = field(default_factory=list)
-    snapshots: list[str] = field(default_factory=list)
+class RunInputs:
+    """The artifacts under some paths, by kind, and what could not be read."""
+
+    inputs: list[Input] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+    def of(self, *kinds: SourceKind) -> list[Input]:
+        return [i for i in self.inputs if i.kind in kinds]
+
+    def files(self, *kinds: SourceKind) -> list[str]:
+        return [i.path for i in self.of(*kinds)]
 
 
-def _looks_like_stack_dump(path: str, head: bytes) -> bool:
-    if rank_from_path(path) is None or not path.endswith((".txt", ".json")):
-        return False
-    stripped = head.lstrip()
-    if stripped.startswith(b"["):
-        return b'"thread_id"' in head or b'"frames"' in head or stripped.startswith(b"[]")
-    return stripped.startswith(b"Process ")
+@dataclass
+class RunAnalysis:
+    """The fused verdict, and what it was made of (the report draws from these)."""
+
+    verdict: Verdict
+    assessments: list[Assessment]
+    stacks: dict[int, Any] | None = None  # rank -> ProcessStack
+    flight_recorder: Any = None  # LoadResult
+    traces: Any = None  # TraceAnalysis
+    snapshots: list[Assessment] = field(default_factory=list)
 
 
-def _head(path: str, size: int = 4096) -> bytes | None:
-    """The first bytes of a file, un-gzipped; None when it cannot be read."""
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(size)
-        if head[:2] == b"\x1f\x8b":
-            with gzip.open(path, "rb") as handle:
-                head = handle.read(size)
-    except (OSError, EOFError, zlib.error):
-        return None
-    return head
+def gather(paths: Iterable[str], skip: Iterable[str] = ()) -> RunInputs:
+    """Discover every artifact under `paths` (leaving out `skip`, say the page being written)."""
+    found = RunInputs()
+    skipped = {str(Path(p).resolve()) for p in skip}
+    found.inputs = [i for i in discover(list(paths), found.problems) if str(Path(i.path).resolve()) not in skipped]
+    return found
 
 
-def _files(paths: list[str]) -> list[str]:
-    found = []
+def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
+    from torchtriage.analysis.stacks import analyze_stacks, assess_stacks
+    from torchtriage.sources.stacks import load_rank_stacks
+
+    problems: list[str] = []
+    run.stacks = load_rank_stacks(found.files(*STACK_KINDS), problems)
+    assessment = assess_stacks(analyze_stacks(run.stacks), files=found.files(*STACK_KINDS))
+    assessment.problems += problems
+    return assessment
+
+
+def _flight_recorder(found: RunInputs, run: RunAnalysis) -> Assessment:
+    from torchtriage.analysis.flight_recorder import assess_dumps
+    from torchtriage.sources.flight_recorder import load_dump_files
+
+    run.flight_recorder = load_dump_files(found.files(SourceKind.FLIGHT_RECORDER), jobs=1)
+    return assess_dumps(run.flight_recorder)
+
+
+def _logs(found: RunInputs, run: RunAnalysis) -> Assessment:
+    from torchtriage.analysis.pipeline import assess_inputs
+
+    return assess_inputs(found.of(SourceKind.LOG))
+
+
+def _traces(found: RunInputs, run: RunAnalysis) -> Assessment:
+    from torchtriage.analysis.trace import assess_traces, read_traces
+
+    run.traces = read_traces(found.files(SourceKind.PROFILER_TRACE))
+    return assess_traces(run.traces)
+
+
+# Each source: the kinds it reads, and its analyzer.
+_ANALYZERS: tuple[tuple[str, tuple[SourceKind, ...], Callable[[RunInputs, RunAnalysis], Assessment]], ...] = (
+    ("stacks", STACK_KINDS, _stacks),
+    ("flight_recorder", (SourceKind.FLIGHT_RECORDER,), _flight_recorder),
+    ("logs", (SourceKind.LOG,), _logs),
+    ("profiler_trace", (SourceKind.PROFILER_TRACE,), _traces),
+)
+
+
+def analyse_run(found: RunInputs, on_snapshot: Callable[[Any, Any], None] | None = None) -> RunAnalysis:
+    """Assess every kind of artifact found and fuse them. `on_snapshot(snapshot, report)` sees each
+    memory snapshot while it is in memory (the report draws it; it is not kept)."""
+    run = RunAnalysis(Verdict(Category.UNKNOWN, [], ""), [])
+    reasons = dict(_MISSING)
+    problems = list(found.problems)
+    for name, kinds, analyzer in _ANALYZERS:
+        if not found.of(*kinds):
+            continue
+        try:
+            run.assessments.append(analyzer(found, run))
+        except TriageError as err:
+            reasons[name] = str(err)
+            problems.append(f"{name}: {err}")
+    snapshots = _snapshots(found.files(SourceKind.MEMORY_SNAPSHOT), problems, on_snapshot)
+    run.snapshots = snapshots
+    if snapshots:
+        run.assessments.append(_headline_snapshot(snapshots))
+    if not run.assessments:
+        reasons_text = "\n  ".join(problems + not_read_here(found.inputs, RUN_KINDS)) or "the paths hold no file"
+        raise InputError(
+            "nothing readable: no log, py-spy or faulthandler dump, flight-recorder dump, profiler trace or "
+            f"memory snapshot could be read:\n  {reasons_text}"
+        )
+    run.verdict = fuse(run.assessments, reasons, expected=HANG_SOURCES)
+    run.verdict.problems[:0] = problems + not_read_here(found.inputs, RUN_KINDS)
+    return run
+
+
+def _snapshots(paths: list[str], problems: list[str], on_snapshot) -> list[Assessment]:
+    from torchtriage.analysis.memory import analyse_snapshot, assess_memory, read_snapshot
+
+    assessments = []
     for path in paths:
-        if os.path.isfile(path):
-            found.append(path)
+        try:
+            snapshot = read_snapshot(path)
+        except TriageError as err:
+            problems.append(str(err))
             continue
-        for root, dirs, names in os.walk(path):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found += [os.path.join(root, name) for name in sorted(names) if not name.startswith(".")]
-    return found
+        report = analyse_snapshot(snapshot)
+        if on_snapshot is not None:
+            on_snapshot(snapshot, report)
+        assessments.append(assess_memory(report))
+        del snapshot, report
+    return assessments
 
 
-def sort_artifacts(paths: list[str], skip: set[str] | None = None) -> Artifacts:
-    """Which files are stacks, flight-recorder dumps, logs, profiler traces or memory snapshots."""
-    from torchtriage.sources.flight_recorder import discover_dumps
-
-    skip = {os.path.abspath(p) for p in skip or ()}
-    found = Artifacts()
-    heads: dict[str, bytes | None] = {}
-    for file in _files(paths):
-        name = os.path.basename(file)
-        if os.path.abspath(file) in skip or name in _OWN_FILES or name.endswith(_NOT_LOGS):
-            continue
-        if name.startswith("faulthandler-"):
-            continue
-        head = heads[file] = _head(file)
-        if head is None:
-            continue
-        if name.endswith(_TRACE_SUFFIXES) and any(key in head for key in _TRACE_KEYS):
-            found.traces.append(file)
-        elif head[:1] == b"\x80" and any(key in head[:256] for key in _SNAPSHOT_KEYS):
-            found.snapshots.append(file)
-    set_aside = {os.path.abspath(p) for p in found.traces + found.snapshots}
-    fr_files, _ = discover_dumps(paths)
-    found.flight_recorder = [p for p in fr_files if p in heads and os.path.abspath(p) not in set_aside]
-    taken = set_aside | {os.path.abspath(p) for p in found.flight_recorder}
-    for file, head in heads.items():
-        if os.path.abspath(file) in taken:
-            continue
-        if head is not None and _looks_like_stack_dump(file, head):
-            found.stacks.append(file)
-        else:
-            found.logs.append(file)  # triage reports an unreadable file
-    return found
+def _headline_snapshot(assessments: list[Assessment]) -> Assessment:
+    """Several snapshots are one source: the one that found the most, with the others' findings after it."""
+    lead = max(assessments, key=lambda a: (any(f.role == "primary" for f in a.findings), len(a.findings)))
+    merged = Assessment(**{**lead.__dict__})
+    merged.findings = list(lead.findings) + [f for a in assessments if a is not lead for f in a.findings]
+    merged.files = [f for a in assessments for f in a.files]
+    merged.problems = [p for a in assessments for p in a.problems]
+    return merged
 
 
-def _analyse(kind: str, run, problems: dict[str, str]) -> Assessment | None:
-    try:
-        return run()
-    except TriageError as err:
-        problems[kind] = str(err)
-        return None
+def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None, skip: Iterable[str] = ()) -> Verdict:
+    """The fused verdict of every artifact under `paths` and `extra_logs`. Raises InputError when none is readable."""
+    found = gather(list(paths) + list(extra_logs or []), skip)
+    return analyse_run(found).verdict
 
 
-def diagnose_artifacts(found: Artifacts) -> Verdict:
-    """The fused verdict of stacks, flight-recorder dumps and logs already sorted."""
-    problems: dict[str, str] = {}
-    assessments: list[Assessment | None] = []
-    if found.stacks:
-
-        def stacks() -> Assessment:
-            from torchtriage.analysis.stacks import analyze_stacks, assess_stacks
-            from torchtriage.sources.pyspy import load_rank_dumps
-
-            return assess_stacks(analyze_stacks(load_rank_dumps(found.stacks)), files=found.stacks)
-
-        assessments.append(_analyse("stacks", stacks, problems))
-    if found.flight_recorder:
-
-        def flight_recorder() -> Assessment:
-            from torchtriage.analysis.flight_recorder import assess_dumps
-            from torchtriage.sources.flight_recorder import load_dumps
-
-            return assess_dumps(load_dumps(found.flight_recorder))
-
-        assessments.append(_analyse("flight_recorder", flight_recorder, problems))
-    if found.logs:
-
-        def logs() -> Assessment:
-            from torchtriage.analysis.pipeline import assess_paths
-
-            return assess_paths(found.logs)
-
-        assessments.append(_analyse("logs", logs, problems))
-    reasons = {
-        "stacks": "no py-spy dumps found",
-        "flight_recorder": "no flight-recorder dumps found",
-        "logs": "no logs found",
-    }
-    reasons.update(problems)
-    verdict = fuse([a for a in assessments if a is not None], reasons, expected=HANG_SOURCES)
-    verdict.problems.extend(f"{kind}: {message}" for kind, message in problems.items())
-    if found.traces or found.snapshots:
-        verdict.facts["not_read_here"] = {"profiler_traces": found.traces, "memory_snapshots": found.snapshots}
-    return verdict
-
-
-def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None) -> Verdict:
-    """The fused verdict of every artifact under `paths` (and of `extra_logs`)."""
-    found = sort_artifacts(paths)
-    found.logs += extra_logs or []
-    return diagnose_artifacts(found)
-
-
-def diagnose_folder(folder: str | os.PathLike) -> Verdict:
-    return diagnose_paths([str(Path(folder))])
+def diagnose_folder(folder: str | Path) -> Verdict:
+    return diagnose_paths([str(folder)])

@@ -34,16 +34,16 @@ def classify_thread(thread: ThreadStack | None) -> tuple[RankState, str | None, 
     """(state, op, the deciding frame) of one py-spy thread."""
     if thread is None:
         return RankState.NO_STACK, None, None
-    return classify_frames(thread.frames, thread.active)
+    return classify_frames(thread.frames, thread.active if thread.state_known else None)
 
 
 def rank_position(rank: int, process: ProcessStack) -> RankPosition:
     thread = process.main_thread()
     if thread is None:
         return RankPosition(rank, RankState.NO_STACK, None, None, None, SourceKind.PYSPY, process.source)
-    return position_of(
-        rank, thread.frames, active=thread.active, source=SourceKind.PYSPY, file=process.source, thread_name=thread.name
-    )
+    active = thread.active if thread.state_known else None
+    source = SourceKind.PYSPY if thread.state_known else SourceKind.FAULTHANDLER
+    return position_of(rank, thread.frames, active=active, source=source, file=process.source, thread_name=thread.name)
 
 
 def positions(dumps: Mapping[int, ProcessStack]) -> dict[int, RankPosition]:

@@ -25,9 +25,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from torchtriage.analysis.fusion import verdict_of
+from torchtriage.errors import InputError
 from torchtriage.knowledge.kernels import COMMUNICATION, COMPUTE, KIND_NAMES, MEMORY, KernelTable, kernel_table
 from torchtriage.model import Assessment, Category, Confidence, Evidence, Finding, Verdict
-from torchtriage.sources.profiler_trace import RankTrace
+from torchtriage.ranks import format_ranks
+from torchtriage.sources.profiler_trace import RankTrace, TraceReadError, read_trace
 
 # A collective whose ranks' durations differ by less than this has no meaningful "last arrival".
 MIN_SKEW_US = 20.0
@@ -229,15 +231,17 @@ def match_collectives(traces: list[RankTrace], table: KernelTable) -> list[Colle
     order: dict[str, tuple] = {}
     for trace in traces:
         for key, step, record in _collective_keys(trace):
-            by_key[key][trace.rank] = (step, record)
-            order.setdefault(key, (step if step is not None else -1, record.ts))
+            # On a GPU the collective's time is its kernel's: the CPU call only enqueues it. A record whose
+            # kernel was not found says nothing of the wait; on a CPU-only trace the call is the collective.
+            duration = record.gpu_dur if trace.has_gpu else record.dur
+            if duration is not None:
+                by_key[key][trace.rank] = (step, record, duration)
+                order.setdefault(key, (step if step is not None else -1, record.ts))
     matches = []
     for key in sorted(by_key, key=lambda k: order[k]):
         per_rank = by_key[key]
-        step, first = next(iter(per_rank.values()))
-        durations = {
-            rank: (rec.gpu_dur if rec.gpu_dur is not None else rec.dur) for rank, (_, rec) in sorted(per_rank.items())
-        }
+        step, first, _ = next(iter(per_rank.values()))
+        durations = {rank: duration for rank, (_, _, duration) in sorted(per_rank.items())}
         latency = min(durations.values())
         skew = max(durations.values()) - latency
         waits = {rank: d - latency for rank, d in durations.items()}
@@ -382,24 +386,79 @@ class TraceAnalysis:
     straggler_reasons: list[dict[str, Any]] = field(default_factory=list)
     ranking: list[dict[str, Any]] = field(default_factory=list)
     mean_step_us: float | None = None
+    missing_ranks: list[int] = field(default_factory=list)
+    incomplete: bool = False  # a trace could not be read, or only in part
 
 
-def analyse_traces(traces: list[RankTrace], table: KernelTable | None = None) -> TraceAnalysis:
-    table = table or kernel_table()
-    problems = [p for t in traces for p in t.problems]
+def read_traces(paths: list[str], progress=None) -> TraceAnalysis:
+    """Read and analyse every rank's trace; a trace that cannot be read is a problem, the others go on.
+
+    `progress(path)`, when given, is a context manager whose value is read_trace's progress callback.
+    Raises InputError when no trace could be read.
+    """
+    traces, problems = [], []
+    for path in paths:
+        try:
+            if progress is None:
+                traces.append(read_trace(path))
+            else:
+                with progress(path) as tick:
+                    traces.append(read_trace(path, progress=tick))
+        except TraceReadError as err:
+            problems.append(f"{path}: {err}")
+    if not traces:
+        raise InputError("no profiler trace could be read:\n  " + ("\n  ".join(problems) or "none given"))
+    analysis = analyse_traces(traces)
+    analysis.problems[:0] = problems
+    analysis.incomplete = bool(problems) or any(t.partial for t in traces)
+    return analysis
+
+
+def _ranked(traces: list[RankTrace], problems: list[str]) -> list[RankTrace]:
+    """The traces whose rank is known, one per rank. A lone trace without one is taken as rank 0; among
+    several, a trace without a rank cannot be matched to its peers and is left out, with the reason."""
+    if len(traces) == 1 and traces[0].rank is None:
+        traces[0].rank = 0
+        problems.append(f"{traces[0].path}: no rank in the trace (no distributedInfo) nor in its name: taken as rank 0")
     seen: dict[int, str] = {}
     usable = []
-    for index, trace in enumerate(traces):
+    for trace in traces:
         if trace.rank is None:
-            trace.rank = 10_000 + index
             problems.append(
-                f"{trace.path}: no rank in the trace (no distributedInfo) nor in its name: called rank {trace.rank}"
+                f"{trace.path}: no rank in the trace (no distributedInfo) nor in its name (rank<N>): left out; "
+                "record with the process group initialised, or name the file after its rank"
             )
+            continue
         if trace.rank in seen:
             problems.append(f"{trace.path}: rank {trace.rank} again (also {seen[trace.rank]}): ignored")
             continue
         seen[trace.rank] = trace.path
         usable.append(trace)
+    return usable
+
+
+_MAX_WORLD = 1 << 20  # a larger world size in a trace is garbage, not a job
+
+
+def _missing_ranks(traces: list[RankTrace]) -> list[int]:
+    """The ranks of the job (its world size, from distributedInfo) that no trace was read for."""
+    world = max((t.world_size or 0 for t in traces), default=0)
+    if not 0 < world <= _MAX_WORLD:
+        return []
+    read = {t.rank for t in traces}
+    return [rank for rank in range(world) if rank not in read]
+
+
+def analyse_traces(traces: list[RankTrace], table: KernelTable | None = None) -> TraceAnalysis:
+    table = table or kernel_table()
+    problems = [p for t in traces for p in t.problems]
+    usable = _ranked(traces, problems)
+    missing = _missing_ranks(usable)
+    if missing:
+        problems.append(
+            f"traces of {len(usable)} of the job's {len(usable) + len(missing)} ranks: {format_ranks(missing)} "
+            "missing; a straggler is named among the ranks read only"
+        )
     summaries = [summarise_rank(t) for t in sorted(usable, key=lambda t: t.rank)]
     for summary in summaries:
         if not summary.has_gpu:
@@ -415,7 +474,7 @@ def analyse_traces(traces: list[RankTrace], table: KernelTable | None = None) ->
         if not summary.steps:
             problems.append(f"{summary.path}: no ProfilerStep#N ranges: no per-step breakdown (call prof.step())")
     matches = match_collectives(usable, table) if len(usable) else []
-    analysis = TraceAnalysis(summaries, matches, problems)
+    analysis = TraceAnalysis(summaries, matches, problems, missing_ranks=missing)
     step_times = [s.duration if s.duration else s.cpu_duration for r in summaries for s in r.steps]
     analysis.mean_step_us = statistics.mean(step_times) if step_times else None
     by_rank = {r.rank: r for r in summaries}
@@ -493,6 +552,8 @@ def assess_traces(analysis: TraceAnalysis) -> Assessment:
         "mean_step_us": analysis.mean_step_us,
         "units": "microseconds; bandwidths in GB/s",
     }
+    if analysis.missing_ranks:
+        facts["missing_ranks"] = format_ranks(analysis.missing_ranks)
     files = [r.path for r in analysis.ranks]
     if analysis.straggler is not None:
         rank = analysis.straggler
@@ -521,9 +582,11 @@ def assess_traces(analysis: TraceAnalysis) -> Assessment:
             facts=reason_facts,
             blames=True,
         )
+        # Among a few of the job's ranks, "the last to arrive" may only be the last of those read.
+        confidence = Confidence.HIGH if reasons and not analysis.missing_ranks else Confidence.MEDIUM
         return Assessment(
-            "profiler_trace", [finding], summary, Category.STRAGGLER, [rank],
-            Confidence.HIGH if reasons else Confidence.MEDIUM, facts, files, analysis.problems, finding, finding,
+            "profiler_trace", [finding], summary, Category.STRAGGLER, [rank], confidence, facts, files,
+            analysis.problems, finding, finding,
         )  # fmt: skip
     parts = []
     for r in analysis.ranks:

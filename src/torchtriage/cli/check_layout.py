@@ -9,12 +9,13 @@ from pathlib import Path
 from torchtriage import exit_codes
 from torchtriage.analysis.layout import (
     Layout,
-    LayoutReport,
     check_layout,
     layout_fields_from_config,
     parse_config_text,
 )
+from torchtriage.cli.common import emit
 from torchtriage.errors import InputError, UsageError
+from torchtriage.report.tables import layout_text
 
 
 def _positive(text: str) -> int:
@@ -80,27 +81,7 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
     return Layout(**fields)
 
 
-def render_text(report: LayoutReport) -> str:
-    lay = report.layout
-    lines = [
-        f"layout   world {lay['world_size']} = dp {lay['dp']}{' (derived)' if lay['dp_derived'] else ''}"
-        f" x cp {lay['cp']}"
-        f" x tp {lay['tp']} x pp {lay['pp']};  experts: ep {lay['ep']} x etp {lay['etp']};  "
-        f"{lay['gpus_per_node']} GPUs/node, NVLink domain {lay['nvlink_domain']}",
-    ]
-    for finding in report.findings:
-        lines.append(f"{finding.severity:<7}{finding.id}: {finding.reason}")
-        lines.append(f"         fix: {finding.fix}")
-    warnings = sum(1 for f in report.findings if f.severity == "warn")
-    if report.accepted:
-        lines.append(f"ACCEPTED{f' with {warnings} warning(s)' if warnings else ''}")
-    else:
-        rejects = sum(1 for f in report.findings if f.severity == "reject")
-        lines.append(f"REJECTED: {rejects} rule(s) fail{f', {warnings} warning(s)' if warnings else ''}")
-    return "\n".join(lines)
-
-
 def run(args: argparse.Namespace) -> int:
     report = check_layout(layout_from_args(args))
-    print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report))
+    emit(json.dumps(report.to_json(), indent=2) if args.json else layout_text(report))
     return exit_codes.OK if report.accepted else exit_codes.PROBLEM_FOUND

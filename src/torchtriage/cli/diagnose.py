@@ -9,14 +9,11 @@ Post-mortem (PATH...): the same fused verdict from the folders and files a dead 
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
-from torchtriage import exit_codes
 from torchtriage.analysis.postmortem import diagnose_paths
+from torchtriage.cli.common import add_json, check_paths, print_verdict, verdict_exit
 from torchtriage.errors import UsageError
-from torchtriage.report.json_report import render_json
-from torchtriage.report.text import render_text
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -38,15 +35,13 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="live: where the captured stacks go")
     parser.add_argument("--native", action="store_true", help="live: include native frames (slower)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="live: per-rank py-spy timeout")
-    parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    add_json(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.paths and args.pid:
         raise UsageError("give PATHs (post-mortem) or --pid (live), not both.")
-    missing = [p for p in list(args.paths) + args.fr + args.logs if not os.path.exists(p)]
-    if missing:
-        raise UsageError(f"no such file or folder: {', '.join(missing)}")
+    check_paths(list(args.paths) + args.fr + args.logs)
     if args.paths:
         verdict = diagnose_paths(list(args.paths) + args.fr, extra_logs=args.logs)
     else:
@@ -60,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
             extra_paths=args.fr,
             logs=args.logs,
         )
-    print(render_json(verdict) if args.json else render_text(verdict))
-    return exit_codes.PROBLEM_FOUND if verdict.findings else exit_codes.OK
+    print_verdict(verdict, args.json)
+    return verdict_exit(verdict)

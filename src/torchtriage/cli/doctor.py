@@ -7,7 +7,9 @@ import json
 import os
 
 from torchtriage import exit_codes
+from torchtriage.cli.common import emit
 from torchtriage.errors import EnvironmentProblem, UsageError
+from torchtriage.report.tables import doctor_text
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -23,18 +25,6 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         "exit codes:\n  0  every check ok or warn\n  1  a check failed (or, with --ranks, ranks disagree)\n"
         "  2  usage error (--ranks outside a launcher)\n  4  --ranks could not form the process group"
     )
-
-
-def render(checks, differences=None) -> str:
-    lines = []
-    for check in checks:
-        lines.append(f"{check.status:<5} {check.name:<22} {check.message}")
-        if check.fix and check.status != "ok":
-            lines.append(f"{'':28}fix: {check.fix}")
-    counts = {s: sum(1 for c in checks if c.status == s) for s in ("ok", "warn", "fail")}
-    lines.append("")
-    lines.append(f"{counts['fail']} fail, {counts['warn']} warn, {counts['ok']} ok")
-    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]) != 0:
             return exit_codes.PROBLEM_FOUND if doctor.overall(checks) == "fail" else exit_codes.OK
     out = doctor.report(checks, facts, differences)
-    print(json.dumps(out, indent=2, default=str) if args.json else render(checks, differences))
+    emit(json.dumps(out, indent=2, default=str) if args.json else doctor_text(checks))
     return exit_codes.PROBLEM_FOUND if out["status"] == "fail" else exit_codes.OK

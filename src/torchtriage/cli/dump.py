@@ -7,9 +7,11 @@ import json
 from pathlib import Path
 
 from torchtriage import exit_codes
+from torchtriage.cli.common import emit
 from torchtriage.collect.capture import DEFAULT_DUMP_TIMEOUT_S, CaptureResult, capture_stacks, default_out_dir
 from torchtriage.collect.pyspy import sigterm_as_interrupt
 from torchtriage.errors import UsageError
+from torchtriage.report.tables import capture_summary
 
 INTERRUPTED = 130  # the shell's code for Ctrl-C
 
@@ -48,27 +50,6 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print summary.json to standard output")
 
 
-def render_summary(result: CaptureResult, what: str) -> str:
-    n, ok = len(result.processes), len(result.processes) - len(result.failures)
-    agents = sorted({p.target.agent_pid for p in result.processes if p.target.agent_pid})
-    via = f" (torchrun agent {', '.join(map(str, agents))})" if agents else ""
-    lines = [f"{what} {ok} of {n} process{'es' if n != 1 else ''} on {result.host}{via}"]
-    for p in result.processes:
-        rank = f"rank {p.target.rank}" if p.target.rank is not None else "rank ?"
-        status = "ok      " + " ".join(p.files) if p.ok else "FAILED"
-        lines.append(f"  {rank:<9} pid {p.target.pid:<8} {status}")
-        if not p.ok:
-            lines.append(f"    {p.error}")
-    for warning in result.warnings:
-        lines.append(f"  warning: {warning}")
-    for note in result.preflight.decision.notes:
-        lines.append(f"  note: {note}")
-    if result.interrupted:
-        lines.append("interrupted: every py-spy was stopped; what finished is kept")
-    lines.append(f"files: {result.folder}/ (summary.json)")
-    return "\n".join(lines)
-
-
 def exit_code(result: CaptureResult) -> int:
     if result.interrupted:
         return INTERRUPTED
@@ -80,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}.")
     with sigterm_as_interrupt():
         result = capture_stacks(args.pid, args.out, native=args.native, timeout_s=args.timeout)
-    print(json.dumps(result.to_json(), indent=2) if args.json else render_summary(result, "captured the stacks of"))
+    emit(json.dumps(result.to_json(), indent=2) if args.json else capture_summary(result, "captured the stacks of"))
     return exit_code(result)

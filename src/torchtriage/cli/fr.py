@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from torchtriage import exit_codes
+from torchtriage.cli.common import add_json, print_verdict, verdict_exit
 from torchtriage.errors import InputError, UsageError
 from torchtriage.sources.flight_recorder import load_dumps
 
@@ -16,7 +17,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="dump files or folders of them (pickle or JSON, any naming: nccl_trace_rank_N, <prefix>N, host names)",
     )
-    parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    add_json(parser)
     parser.add_argument(
         "-j", "--jobs", type=int, default=None, metavar="N", help="processes for loading (default: every core)"
     )
@@ -33,15 +34,11 @@ def run(args: argparse.Namespace) -> int:
     from torchtriage.analysis.flight_recorder import build_verdict
 
     verdict = build_verdict(load)
-    if args.json:
-        from torchtriage.report.json_report import render_json
-
-        print(render_json(verdict))
-    else:
-        from torchtriage.report.text import render_text
-
-        print(render_text(verdict))
-    return exit_codes.PROBLEM_FOUND if verdict.diagnosed_problem else exit_codes.OK
+    print_verdict(verdict, args.json)
+    if not verdict.facts.get("compared", True) and verdict.facts.get("missing_ranks"):
+        # One rank's dump of a job of several: nothing could be judged; the other dumps would let it be.
+        return exit_codes.BAD_INPUT
+    return verdict_exit(verdict)
 
 
 def _import_analysis() -> None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 
-from torchtriage.cli.dump import add_targeting, exit_code, render_summary
+from torchtriage.cli.common import emit
+from torchtriage.cli.dump import add_targeting, exit_code
 from torchtriage.collect.capture import RECORD_SLACK_S, record_profiles
 from torchtriage.collect.pyspy import sigterm_as_interrupt
 from torchtriage.errors import UsageError
+from torchtriage.report.tables import capture_summary
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -53,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
             nonblocking=args.nonblocking,
             timeout_s=args.timeout,
         )
-    print(json.dumps(result.to_json(), indent=2) if args.json else render_summary(result, "recorded"))
+    emit(json.dumps(result.to_json(), indent=2) if args.json else capture_summary(result, "recorded"))
     return exit_code(result)

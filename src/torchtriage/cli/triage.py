@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from torchtriage import exit_codes
 from torchtriage.analysis.pipeline import triage_paths
+from torchtriage.cli.common import add_json, print_verdict, verdict_exit
 from torchtriage.errors import UsageError
-from torchtriage.report.json_report import render_json
-from torchtriage.report.text import render_text
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -18,7 +16,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="log files, folders (read recursively), .gz logs, or - for standard input",
     )
-    parser.add_argument("--json", action="store_true", help="print the verdict as one JSON object")
+    add_json(parser)
     parser.add_argument("--rules-dir", metavar="DIR", help="add the rules in DIR/*.toml to the built-in knowledge base")
 
 
@@ -26,5 +24,5 @@ def run(args: argparse.Namespace) -> int:
     if args.paths.count("-") > 1:
         raise UsageError("standard input (-) can be read only once.")
     verdict = triage_paths(args.paths, args.rules_dir)
-    print(render_json(verdict) if args.json else render_text(verdict))
-    return exit_codes.PROBLEM_FOUND if verdict.diagnosed_problem else exit_codes.OK
+    print_verdict(verdict, args.json)
+    return verdict_exit(verdict)

@@ -33,14 +33,13 @@ from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
 
 from torchtriage.knowledge.frames import is_library_file
-from torchtriage.model import Frame
+from torchtriage.model import Frame, SourceKind
+from torchtriage.sources.registry import discover, for_reader, rank_from_name
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 
 SUPPORTED_MAJOR = 2
 _PICKLE_HEAD = re.compile(rb"\A\x80[\x02-\x05]")
 _GZIP_MAGIC = b"\x1f\x8b"
-_RANK_WORD = re.compile(r"rank[-_.]?(\d{1,7})(?!\d)", re.IGNORECASE)
-_TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:pkl|pickle|json|bin|gz))*$", re.IGNORECASE)
 # Ops that are p2p by name even when an old dump lacks `is_p2p`.
 _P2P_OPS = ("send", "recv")
 _ALL_TO_ALL = ("all_to_all", "alltoall")
@@ -118,6 +117,9 @@ class RankDump:
     signatures: dict[str, Signature]  # comparison key -> the op it stands for
     timed_out: list[tuple[str, int]]  # (pg name, seq) of ops pending for longer than their timeout
     ranks_text: dict[str, str] = field(default_factory=dict)  # digest -> "[0, 1, ...]" (first sight per worker)
+    # gloo records the world's ranks under a nameless placeholder, its default group's members before it had
+    # a name: the digest of those ranks, which say which ranks the default group has when nothing else does.
+    nameless_ranks: str | None = None
 
 
 class DumpProblem(NamedTuple):
@@ -126,56 +128,6 @@ class DumpProblem(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------------- discovery
-
-
-def rank_from_name(path: str) -> int | None:
-    name = os.path.basename(path)
-    matches = _RANK_WORD.findall(name)
-    if matches:
-        return int(matches[-1])
-    match = _TRAILING_NUMBER.search(name)
-    return int(match.group(1)) if match else None
-
-
-def _looks_like_dump(head: bytes) -> bool:
-    return bool(_PICKLE_HEAD.match(head)) or head.lstrip()[:1] == b"{" or head.startswith(_GZIP_MAGIC)
-
-
-def discover_dumps(paths: list[str]) -> tuple[list[str], list[DumpProblem]]:
-    """Files to read: those named, and in folders (recursively) every file that looks like a pickle or JSON.
-
-    Other files in a folder (logs, py-spy stacks) are skipped silently; an empty file whose name carries a
-    rank is reported, because a rank that died while dumping leaves exactly that.
-    """
-    files: list[str] = []
-    problems: list[DumpProblem] = []
-    for path in paths:
-        if os.path.isdir(path):
-            found = []
-            for root, dirs, names in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for name in sorted(names):
-                    if name.startswith("."):
-                        continue
-                    full = os.path.join(root, name)
-                    try:
-                        with open(full, "rb") as handle:
-                            head = handle.read(64)
-                    except OSError as err:
-                        problems.append(DumpProblem(full, f"cannot be read: {err.strerror or err}"))
-                        continue
-                    if _looks_like_dump(head):
-                        found.append(full)
-                    elif not head and rank_from_name(full) is not None:
-                        problems.append(DumpProblem(full, "the file is empty (did the rank die while dumping?)"))
-            if not found and not any(p.path.startswith(path) for p in problems):
-                problems.append(DumpProblem(path, "the folder holds no flight-recorder dumps (pickle or JSON files)"))
-            files.extend(found)
-        elif os.path.exists(path):
-            files.append(path)
-        else:
-            problems.append(DumpProblem(path, "no such file or folder"))
-    return files, problems
 
 
 # ------------------------------------------------------------------------------------------------------ parsing
@@ -370,12 +322,11 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
 
     pg_config: dict[str, PGInfo] = {}
     ranks_text: dict[str, str] = {}
+    nameless_ranks = None
     for key, info in (data.get("pg_config") or {}).items():
         if not isinstance(info, dict):
             continue
         name = str(info.get("name", key))
-        if not name:
-            continue  # gloo records one nameless placeholder; it says nothing about any group
         text = info.get("ranks")
         digest = None
         if isinstance(text, (list, tuple)):
@@ -383,6 +334,9 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
         if isinstance(text, str) and text.strip("[] "):
             digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
             ranks_text[digest] = text
+        if not name:
+            nameless_ranks = digest  # gloo's placeholder: no group of its own, but the world's ranks
+            continue
         pg_config[name] = PGInfo(name, str(info.get("desc", "")), digest)
 
     pg_status: dict[str, tuple[int, int, int]] = {}
@@ -445,6 +399,7 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
         signatures=signatures,
         timed_out=timed_out,
         ranks_text=ranks_text,
+        nameless_ranks=nameless_ranks,
     )
 
 
@@ -754,7 +709,7 @@ def load_one(path: str) -> RankDump | DumpProblem:
         hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
         return DumpProblem(path, f"cannot be read: {err.strerror or err}{hint}")
     try:
-        return parse_dump(path, decode(raw), rank_from_name(path))
+        return parse_dump(path, decode(raw), rank_from_name(path, SourceKind.FLIGHT_RECORDER))
     except ValueError as err:
         return DumpProblem(path, str(err))
     except (TypeError, AttributeError, KeyError, IndexError) as err:
@@ -790,11 +745,32 @@ _POOL_THRESHOLD = 48
 
 
 def load_dumps(paths: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None) -> LoadResult:
-    """Discover and load every dump under `paths`, on `jobs` processes (default: every core).
+    """Discover (through the source registry) and load every dump under `paths`.
+
+    A file named directly that is not a dump is a problem that says what it is; in folders, other
+    files are left to the verbs that read them.
+    """
+    found: list[str] = []
+    files = for_reader(discover(paths, found), SourceKind.FLIGHT_RECORDER, found)
+    problems = [DumpProblem(*_split_problem(p)) for p in found]
+    result = load_dump_files(files, jobs, meanwhile)
+    result.problems[:0] = problems
+    return result
+
+
+def _split_problem(problem: str) -> tuple[str, str]:
+    path, _, message = problem.partition(": ")
+    return path, message.rstrip(".")
+
+
+def load_dump_files(
+    files: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None
+) -> LoadResult:
+    """Load these dump files on `jobs` processes (default: every core).
 
     `meanwhile` (say, importing the analysis) runs in this process while the others start loading.
     """
-    files, problems = discover_dumps(paths)
+    problems: list[DumpProblem] = []
     jobs = jobs or os.cpu_count() or 1
     results: list[RankDump | DumpProblem]
     # The records are acyclic; the cyclic collector would only rescan them again and again as they pile up.

@@ -14,7 +14,6 @@ import codecs
 import gzip
 import io
 import json
-import os
 import re
 import zlib
 from array import array
@@ -23,12 +22,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchtriage.knowledge.kernels import COMMUNICATION, KernelTable, kernel_table
+from torchtriage.model import SourceKind
+from torchtriage.sources.registry import rank_from_name
 
 _CHUNK = 1 << 20
 _MAX_EVENT_CHARS = 64 << 20  # one event bigger than this is not truncation but garbage
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
-_TRAILING_NUMBER = re.compile(r"(\d+)(?:\.pt)?\.(?:trace\.)?json(?:\.gz)?$")
 
 
 
@@ -258,12 +257,6 @@ def _int(value: Any, default: int = 0) -> int:
         return default
 
 
-def rank_from_name(path: str) -> int | None:
-    name = os.path.basename(path)
-    match = _RANK_IN_NAME.search(name) or _TRAILING_NUMBER.search(name)
-    return int(match.group(1)) if match else None
-
-
 def _collective_from_args(name: str, args: dict, ts: float, dur: float, table: KernelTable) -> CollectiveRecord:
     coll = str(args.get("Collective name") or name)
     seq = args.get("Seq") if "Seq" in args else args.get("seq")
@@ -381,8 +374,13 @@ def read_trace(path: str, table: KernelTable | None = None, progress: Callable[[
             raise
         trace.partial = True
         trace.problems.append(f"{path}: {err}; the {trace.events} events before it were used")
+    if not trace.events:
+        raise TraceReadError(
+            "the trace holds no events (an empty 'traceEvents'): the profiler recorded nothing; "
+            "was the profiler stopped before its active steps?"
+        )
     dist = header.get("dist") or {}
-    trace.rank = _int(dist["rank"]) if "rank" in dist else rank_from_name(path)
+    trace.rank = _int(dist["rank"]) if "rank" in dist else rank_from_name(path, SourceKind.PROFILER_TRACE)
     trace.world_size = _int(dist.get("world_size"), 0) or None
     trace.backend = dist.get("backend")
     trace.pg_config = dist.get("pg_config") or []

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from torchtriage.errors import InputError
 from torchtriage.model import Frame, Local
-from torchtriage.sources.files import rank_from_path
+from torchtriage.sources.registry import rank_from_name
 
 _JSON_START = re.compile(r"\s*\[\s*([{\]]|$)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -55,6 +55,7 @@ class ThreadStack:
     owns_gil: bool
     frames: tuple[Frame, ...]  # innermost first
     os_thread_id: int | None = None
+    state_known: bool = True  # py-spy says idle or active; a faulthandler dump does not
 
     @property
     def python_frames(self) -> tuple[Frame, ...]:
@@ -314,7 +315,7 @@ def _json_thread(item: object, source: str, position: int) -> tuple[int, ThreadS
 
 def read_rank_dump(path: str | os.PathLike, rank: int | None = None) -> tuple[int, ProcessStack]:
     """One rank's dump: the rank from `rank` or the file name (rank03.txt, pyspy_rank3.json)."""
-    rank = rank_from_path(str(path)) if rank is None else rank
+    rank = rank_from_name(str(path)) if rank is None else rank
     if rank is None:
         raise InputError(f"{path}: cannot tell which rank this dump is; name it rank<N>.txt or rank<N>.json")
     processes = read_dump(path)
@@ -322,31 +323,3 @@ def read_rank_dump(path: str | os.PathLike, rank: int | None = None) -> tuple[in
         pids = ", ".join(str(p.pid) for p in processes)
         raise InputError(f"{path}: holds {len(processes)} processes ({pids}); dump each rank into its own file")
     return rank, processes[0]
-
-
-def _preference(process: ProcessStack) -> tuple[bool, bool]:
-    # Native frames tell a lock from a sleep; full paths tell library code from user code.
-    return process.has_native_frames, process.has_full_paths
-
-
-def load_rank_dumps(paths: list[str | os.PathLike]) -> dict[int, ProcessStack]:
-    """Rank -> its dump, from files and folders of `rank<N>.txt` / `.json` (any py-spy form).
-
-    When one rank has several dumps (text and JSON, plain and --native), the richest is kept.
-    """
-    files: list[Path] = []
-    for path in map(Path, paths):
-        if path.is_dir():
-            files += sorted(
-                p for p in path.iterdir() if p.suffix in (".txt", ".json") and rank_from_path(p.name) is not None
-            )
-        else:
-            files.append(path)
-    if not files:
-        raise InputError(f"no py-spy dumps (rank<N>.txt or rank<N>.json) in {', '.join(map(str, paths))}")
-    chosen: dict[int, ProcessStack] = {}
-    for file in files:
-        rank, process = read_rank_dump(file)
-        if rank not in chosen or _preference(process) > _preference(chosen[rank]):
-            chosen[rank] = process
-    return dict(sorted(chosen.items()))

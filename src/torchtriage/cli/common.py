@@ -1,0 +1,55 @@
+"""What every verb shares: its options (declared once, one meaning each), checking paths, printing, exit codes."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Iterable
+
+from torchtriage import exit_codes
+from torchtriage.errors import InputError, UsageError
+from torchtriage.model import Verdict
+
+
+def add_json(parser: argparse.ArgumentParser, what: str = "the verdict") -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
+
+
+def add_html(parser: argparse.ArgumentParser, what: str, required: bool = False) -> None:
+    parser.add_argument(
+        "--html", metavar="FILE", required=required, help=f"{'' if required else 'also '}write {what} to FILE"
+    )
+
+
+def check_paths(paths: Iterable[str]) -> None:
+    """A path that does not exist is unreadable input (exit 3) in every verb."""
+    missing = [p for p in paths if p != "-" and not os.path.lexists(p)]
+    if missing:
+        raise InputError(f"no such file or folder: {', '.join(missing)}; check the path.")
+
+
+def check_html_target(path: str | None, example: str) -> None:
+    if path and os.path.isdir(path):
+        raise UsageError(f"--html {path}: a folder; give a file name (e.g. {example}).")
+
+
+def emit(text: str) -> None:
+    """Print the output; a reader that went away (`| head`) is not an error and changes no exit code."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def print_verdict(verdict: Verdict, as_json: bool, tables: str = "") -> None:
+    from torchtriage.report.json_report import render_json
+    from torchtriage.report.text import render_text
+
+    emit(render_json(verdict) if as_json else render_text(verdict) + (f"\n{tables}" if tables else ""))
+
+
+def verdict_exit(verdict: Verdict) -> int:
+    """1 when the verdict diagnosed a problem, else 0."""
+    return exit_codes.PROBLEM_FOUND if verdict.diagnosed_problem else exit_codes.OK

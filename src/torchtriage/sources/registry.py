@@ -1,0 +1,385 @@
+"""The one source registry: every kind of artifact torchtriage reads, recognised by its content.
+
+Each kind is declared once — what it is, how its first bytes (un-gzipped) give it away, which verb
+reads it on its own, and whether a trailing number in its name is a rank — and one discovery walks the
+paths of every verb: files, folders (recursively), gzip and standard input. A file named on the command
+line is read as what it is, never as what the verb expected; what a verb does not read is listed with
+the verb that does. Only regular files are opened: a FIFO, socket or device would block or never end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+import zlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from torchtriage.model import SourceKind
+from torchtriage.sources.streams import Replay, TolerantGunzip
+
+STDIN = "-"
+HEAD_BYTES = 8192
+_GZIP_MAGIC = b"\x1f\x8b"
+_PICKLE = re.compile(rb"\A\x80[\x02-\x05]")
+_PYSPY_TEXT = re.compile(rb"\A\s*Process \d+: .*\n\s*Python v\d", re.MULTILINE)
+# A dump starts with its header: after a fatal error's or a timeout's first line, a thread's (or the stack's).
+_FAULTHANDLER = re.compile(
+    rb"\A\s*(?:(?:Fatal Python error: |Timeout \().*\n+)?"
+    rb"(?:(?:Current thread|Thread) 0x[0-9a-fA-F]+[^\n]*|Stack) \(most recent call first\):"
+)
+_NVIDIA_SMI = re.compile(rb"^\s*(?:\+ nvidia-smi |Link \d+: |GPU \d+: .*\(UUID: )", re.MULTILINE)
+_OWN_TEXT = (b"verdict   ", b"requested by torchtriage ")
+_DOCUMENTS = (".md", ".rst", ".html", ".htm", ".svg", ".png", ".jpg", ".jpeg", ".pdf")
+_SOURCE_CODE = (".py", ".sh", ".cfg", ".toml", ".yaml", ".yml")
+
+# Per-rank files come with any naming: rank3.log, rank_03.txt, worker-3.out, log.rank3, node1-rank12.err.
+_RANK_WORD = re.compile(r"(?:^|[^a-z])(?:rank|worker|proc|process)[-_.]?(\d{1,7})(?!\d)", re.IGNORECASE)
+# torchrun --log-dir writes <dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log
+_TORCHRUN_LAYOUT = re.compile(r"attempt_\d+[/\\](\d{1,7})[/\\](?:stdout|stderr|error)\.(?:log|json)$")
+# Dumps and traces written as <prefix><rank>: nccl_trace_rank_3, comm_lib_trace_3, trace.3.json.gz
+_TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:pkl|pickle|json|bin|gz|pt|trace))*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Head:
+    """What sniffing sees of an artifact: its name and first bytes, un-gzipped."""
+
+    name: str
+    data: bytes
+    compressed: bool
+
+    @property
+    def text_start(self) -> bytes:
+        return self.data.lstrip()[:1]
+
+    def has(self, *keys: bytes, within: int = HEAD_BYTES) -> bool:
+        return any(key in self.data[:within] for key in keys)
+
+
+@dataclass(frozen=True)
+class SourceType:
+    kind: SourceKind
+    what: str  # "a py-spy stack dump", for messages
+    read_by: str  # the verb that reads it on its own
+    sniff: Callable[[Head], bool]
+    trailing_number_is_rank: bool = False
+
+
+def _is_pickle(head: Head) -> bool:
+    return bool(_PICKLE.match(head.data))
+
+
+def _is_json_object(head: Head) -> bool:
+    return head.text_start == b"{"
+
+
+def _json_list_of_objects(head: Head) -> bool:
+    return bool(re.match(rb"\s*\[\s*(\{|\])", head.data))
+
+
+def _is_text(head: Head) -> bool:
+    return b"\x00" not in head.data
+
+
+def _profiler_trace(head: Head) -> bool:
+    keys = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
+    return _is_json_object(head) and head.has(*keys)
+
+
+def _flight_recorder(head: Head) -> bool:
+    keys = (b"entries", b"pg_config", b"pg_status")
+    if _is_pickle(head):
+        return head.has(*keys, within=4096) and not head.has(b"segments", b"device_traces", within=256)
+    return _is_json_object(head) and head.has(*(b'"' + k + b'"' for k in keys))
+
+
+def _memory_snapshot(head: Head) -> bool:
+    return _is_pickle(head) and head.has(b"segments", b"device_traces", within=256)
+
+
+def _memory_timeline(head: Head) -> bool:
+    # profile.export_memory_timeline: [[times...], [[sizes per category]...]]: numbers, no keys at all.
+    return bool(re.match(rb"\s*\[\s*\[\s*-?\d", head.data))
+
+
+def _pyspy(head: Head) -> bool:
+    if _json_list_of_objects(head):
+        return head.has(b'"thread_id"', b'"frames"') or bool(re.match(rb"\s*\[\s*\]\s*\Z", head.data))
+    return bool(_PYSPY_TEXT.match(head.data))
+
+
+def _faulthandler(head: Head) -> bool:
+    return bool(_FAULTHANDLER.match(head.data))
+
+
+def _nvidia(head: Head) -> bool:
+    if _is_json_object(head):
+        return head.has(b'"gpus"') and head.has(b'"driver"', b'"nvml"')
+    return _is_text(head) and bool(_NVIDIA_SMI.search(head.data)) and not head.has(b"Traceback (most recent")
+
+
+def _torchtriage_output(head: Head) -> bool:
+    if _is_json_object(head):
+        return bool(re.search(rb'"schema"\s*:\s*"torchtriage\.', head.data[:512]))
+    return head.data.lstrip().startswith(_OWN_TEXT)
+
+
+def _document(head: Head) -> bool:
+    """Notes, pages, pictures and source code are not evidence; their name and content say so together."""
+    if head.name.lower().endswith(_DOCUMENTS):
+        return True
+    stripped = head.data.lstrip()
+    return head.name.endswith(_SOURCE_CODE) and not stripped.startswith((b"[", b"{")) and _is_text(head)
+
+
+def _log(head: Head) -> bool:
+    return _is_text(head) and not _is_pickle(head)
+
+
+# Tried in this order: the most specific first; any other text is a log.
+SOURCE_TYPES: tuple[SourceType, ...] = (
+    SourceType(SourceKind.TORCHTRIAGE_OUTPUT, "torchtriage's own output", "", _torchtriage_output),
+    SourceType(SourceKind.MEMORY_SNAPSHOT, "a CUDA memory snapshot", "memory", _memory_snapshot),
+    # A trace's distributedInfo holds a pg_config too: the trace's own keys decide first.
+    SourceType(SourceKind.PROFILER_TRACE, "a profiler trace", "trace", _profiler_trace, True),
+    SourceType(SourceKind.FLIGHT_RECORDER, "a flight-recorder dump", "fr", _flight_recorder, True),
+    SourceType(SourceKind.MEMORY_TIMELINE, "a memory timeline (export_memory_timeline)", "", _memory_timeline),
+    SourceType(SourceKind.PYSPY, "a py-spy stack dump", "diagnose", _pyspy),
+    SourceType(SourceKind.FAULTHANDLER, "a faulthandler stack dump", "diagnose", _faulthandler),
+    SourceType(SourceKind.NVIDIA, "nvidia-smi or NVML output", "nvlink --from", _nvidia),
+    SourceType(SourceKind.DOCUMENT, "a document or source file", "", _document),
+    SourceType(SourceKind.LOG, "a log", "triage", _log),
+)
+# What is none of the above, told apart only to say it well.
+_UNKNOWN_PICKLE = SourceType(
+    SourceKind.UNKNOWN,
+    "a pickle, not a log, and by its first keys neither a flight-recorder dump (`torchtriage fr`) nor a memory "
+    "snapshot (`torchtriage memory`)",
+    "",
+    _is_pickle,
+)
+def _json_document(head: Head) -> bool:
+    """One JSON document, as far as its first bytes go: not JSON lines (a log), nor a log line that
+    happens to start with a bracket ("[rank3]: ...", "[1,3]<stderr>: ..."). A `.json` file that starts
+    like JSON is JSON, however broken (its reader says where)."""
+    text = head.data.decode("utf-8", errors="replace").lstrip()
+    if text[:1] not in ("{", "["):
+        return False
+    if head.name.lower().endswith((".json", ".json.gz")):
+        return True
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except json.JSONDecodeError as err:
+        # A document longer than the head ends mid-value: the error is at the cut, or in a cut string.
+        return err.pos > len(text) // 2 or err.msg.startswith("Unterminated string")
+    return not text[end:].strip()
+
+
+_UNKNOWN_JSON = SourceType(SourceKind.UNKNOWN, "a JSON document of no kind torchtriage reads", "", _json_document)
+_BINARY = SourceType(SourceKind.UNKNOWN, "binary data, not a text log", "", lambda head: True)
+BY_KIND = {t.kind: t for t in SOURCE_TYPES} | {SourceKind.UNKNOWN: _BINARY}
+# JSON that no kind claims is not a log; a pickle that none claims is named as a pickle.
+_LAST = (SourceKind.DOCUMENT, SourceKind.LOG)
+_SNIFF_ORDER = (
+    *(t for t in SOURCE_TYPES if t.kind not in _LAST),
+    _UNKNOWN_JSON,
+    *(BY_KIND[kind] for kind in _LAST),
+    _UNKNOWN_PICKLE,
+)
+
+
+def sniff(head: Head) -> SourceType:
+    """The kind of an artifact from its first bytes (and, for documents, its name)."""
+    return next((t for t in _SNIFF_ORDER if t.sniff(head)), _BINARY)
+
+
+def rank_from_name(path: str, kind: SourceKind | None = None) -> int | None:
+    """The rank a file's name or place implies: torchrun's log layout, a rank word, or — for dumps and
+    traces written as `<prefix><rank>` — a trailing number."""
+    match = _TORCHRUN_LAYOUT.search(path)
+    if match:
+        return int(match.group(1))
+    name = os.path.basename(path)
+    words = _RANK_WORD.findall(name)
+    if words:
+        return int(words[-1])
+    if kind is not None and BY_KIND[kind].trailing_number_is_rank:
+        match = _TRAILING_NUMBER.search(name)
+        return int(match.group(1)) if match else None
+    return None
+
+
+@dataclass(frozen=True)
+class Input:
+    """One artifact to read: a regular file, or standard input."""
+
+    path: str
+    type: SourceType
+    compressed: bool
+    rank: int | None  # what its name implies; a loader may read a better one from the content
+    named: bool = True  # named by the user, not found in a folder
+
+    @property
+    def kind(self) -> SourceKind:
+        return self.type.kind
+
+    @property
+    def display(self) -> str:
+        return "<stdin>" if self.path == STDIN else self.path
+
+
+def log_input(name: str) -> Input:
+    """An input read as a log whatever it holds (text in memory, for tests and notebooks)."""
+    return Input(name, BY_KIND[SourceKind.LOG], False, None)
+
+
+class _Stdin:
+    """Standard input, read once: its first bytes are kept for sniffing and replayed to the reader."""
+
+    head: bytes | None = None
+
+    @classmethod
+    def peek(cls) -> bytes:
+        if cls.head is None:
+            cls.head = sys.stdin.buffer.read(HEAD_BYTES)
+        return cls.head
+
+    @classmethod
+    def stream(cls) -> BinaryIO:
+        return Replay(cls.peek(), sys.stdin.buffer)
+
+
+def _decompressed_head(raw: bytes) -> bytes:
+    try:
+        return zlib.decompressobj(16 + zlib.MAX_WBITS).decompress(raw, HEAD_BYTES)
+    except zlib.error:
+        return b""
+
+
+def _head_of(name: str, raw: bytes) -> Head:
+    if raw.startswith(_GZIP_MAGIC):
+        return Head(name, _decompressed_head(raw), True)
+    return Head(name, raw, False)
+
+
+def _describe_os_error(path: str, err: OSError) -> str:
+    reason = err.strerror or type(err).__name__
+    hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
+    return f"{path}: cannot be read: {reason}{hint}."
+
+
+def _examine(path: str, problems: list[str], named: bool) -> Input | None:
+    """The Input a regular file makes, or None (with a problem when it matters)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as err:
+        problems.append(_describe_os_error(path, err))
+        return None
+    if not stat.S_ISREG(mode):
+        what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+        problems.append(f"{path}: {what}, not a file; torchtriage reads only regular files (it would wait forever).")
+        return None
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(HEAD_BYTES)
+    except OSError as err:
+        problems.append(_describe_os_error(path, err))
+        return None
+    if not raw:
+        problems.append(f"{path}: the file is empty (nothing was written to it, or it was cut off).")
+        return None
+    head = _head_of(os.path.basename(path), raw)
+    if head.compressed and not head.data:
+        problems.append(f"{path}: a gzip file that cannot be decompressed.")
+        return None
+    found = sniff(head)
+    return Input(path, found, head.compressed, rank_from_name(path, found.kind), named)
+
+
+def _natural_key(path: str) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+
+
+def _walk(folder: str, problems: list[str]) -> list[str]:
+    found: list[str] = []
+    for root, dirs, files in os.walk(
+        folder, onerror=lambda err: problems.append(_describe_os_error(err.filename, err))
+    ):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found.extend(os.path.join(root, name) for name in files if not name.startswith("."))
+    return sorted(found, key=_natural_key)
+
+
+def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
+    """Every artifact under `paths`, each with its kind; what cannot be read is added to `problems`."""
+    inputs: list[Input] = []
+    for path in paths:
+        if path == STDIN:
+            raw = _Stdin.peek()
+            if not raw:
+                problems.append("standard input is empty: nothing was piped in.")
+                continue
+            head = _head_of("<stdin>", raw)
+            inputs.append(Input(STDIN, sniff(head), head.compressed, None))
+        elif os.path.isdir(path):
+            files = _walk(path, problems)
+            found = [i for i in (_examine(f, problems, named=False) for f in files) if i is not None]
+            if not found:
+                problems.append(f"{path}: the folder holds no file torchtriage can read.")
+            inputs += found
+        elif os.path.lexists(path):
+            found_input = _examine(path, problems, named=True)
+            if found_input is not None:
+                inputs.append(found_input)
+        else:
+            problems.append(f"{path}: no such file or folder; check the path.")
+    return inputs
+
+
+def open_input(item: Input) -> BinaryIO:
+    """The artifact's content as a binary stream, un-gzipped (a cut-off gzip yields what it holds)."""
+    raw: BinaryIO = _Stdin.stream() if item.path == STDIN else open(item.path, "rb")  # noqa: SIM115
+    return TolerantGunzip(raw) if item.compressed else raw  # type: ignore[return-value]
+
+
+def for_reader(inputs: Iterable[Input], kind: SourceKind, problems: list[str]) -> list[str]:
+    """The paths a reader of `kind` reads: that kind, and what no kind claims (a cut or corrupt file: the
+    reader then says precisely what is wrong with it). A named file of another kind is a problem."""
+    chosen = []
+    for item in inputs:
+        if item.kind in (kind, SourceKind.UNKNOWN):
+            chosen.append(item.path)
+        elif item.named:
+            by = f"; `torchtriage {item.type.read_by}` reads it" if item.type.read_by else ""
+            problems.append(f"{item.display}: this is {item.type.what}, not {BY_KIND[kind].what}{by}.")
+    return chosen
+
+
+def not_read_here(inputs: Iterable[Input], reads: Iterable[SourceKind]) -> list[str]:
+    """What a verb does not read, as problems: each file named or of no known kind on its own line, the
+    files of another kind found in folders counted, each with the verb that reads them."""
+    wanted = set(reads) | {SourceKind.TORCHTRIAGE_OUTPUT, SourceKind.DOCUMENT}
+    lines: list[str] = []
+    counts: dict[SourceKind, int] = {}
+    for item in inputs:
+        if item.kind in wanted:
+            continue
+        if item.named or item.kind == SourceKind.UNKNOWN:
+            by = f"; `torchtriage {item.type.read_by}` reads it" if item.type.read_by else ""
+            lines.append(f"{item.display}: {item.type.what}{by}; not read here.")
+        else:
+            counts[item.kind] = counts.get(item.kind, 0) + 1
+    if counts:
+        parts = []
+        for kind, count in counts.items():
+            kind_type = BY_KIND[kind]
+            them = "it" if count == 1 else "them"
+            by = f" (`torchtriage {kind_type.read_by}` reads {them})" if kind_type.read_by else ""
+            parts.append(f"{count} × {kind_type.what}{by}")
+        lines.append("not read here: " + "; ".join(parts))
+    return lines

@@ -1,0 +1,63 @@
+"""Every rank's stack from the files a job left: py-spy dumps (text or --json) and faulthandler dumps,
+one file per rank, the rank from its name (`rank03.txt`, `faulthandler-rank3.txt`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from torchtriage.errors import InputError
+from torchtriage.model import SourceKind
+from torchtriage.sources.faulthandler import parse_faulthandler
+from torchtriage.sources.pyspy import ProcessStack, read_rank_dump
+from torchtriage.sources.registry import discover, rank_from_name
+
+_STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER)
+
+
+def _preference(process: ProcessStack) -> tuple[bool, bool, bool]:
+    # py-spy knows each thread's state; native frames tell a lock from a sleep; full paths tell library
+    # code from user code.
+    known = any(t.state_known for t in process.threads)
+    return known, process.has_native_frames, process.has_full_paths
+
+
+def _read_faulthandler(path: str) -> tuple[int, ProcessStack]:
+    rank = rank_from_name(path)
+    if rank is None:
+        raise InputError(f"{path}: cannot tell which rank this dump is; name it faulthandler-rank<N>.txt")
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
+    return rank, parse_faulthandler(text, path)
+
+
+def load_rank_stacks(paths: list[str | os.PathLike], problems: list[str] | None = None) -> dict[int, ProcessStack]:
+    """Rank -> its stack, from files and folders of stack dumps.
+
+    When one rank has several dumps (text and JSON, plain and --native, py-spy and faulthandler), the
+    richest is kept. With `problems`, a dump that cannot be read is listed there and the others are
+    still used; without it, it raises.
+    """
+    seen: list[str] = []
+    inputs = [i for i in discover([str(p) for p in paths], seen) if i.kind in _STACK_KINDS]
+    if not inputs:
+        raise InputError(
+            f"no py-spy dumps (rank<N>.txt or rank<N>.json) or faulthandler dumps in {', '.join(map(str, paths))}"
+        )
+    chosen: dict[int, ProcessStack] = {}
+    for item in inputs:
+        try:
+            reader = _read_faulthandler if item.kind == SourceKind.FAULTHANDLER else read_rank_dump
+            rank, process = reader(item.path)
+        except InputError as err:
+            if problems is None:
+                raise
+            problems.append(str(err))
+            continue
+        if rank not in chosen or _preference(process) > _preference(chosen[rank]):
+            chosen[rank] = process
+    if not chosen:
+        raise InputError("no stack dump could be read:\n  " + "\n  ".join(problems or []))
+    return dict(sorted(chosen.items()))

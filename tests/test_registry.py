@@ -1,0 +1,222 @@
+"""The source registry: every verb reads a file as what its content says it is, and an absence of input
+is never an all-clear."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES, H200, run_cli
+from torchtriage import exit_codes
+from torchtriage.model import SourceKind
+from torchtriage.sources.registry import discover, rank_from_name
+
+H200X1 = FIXTURES / "h200x1"
+SKIP_LOG = FIXTURES / "logs" / "gloo_skip_allreduce" / "run.log"  # rank 1 skipped an all_reduce (gloo, CPU)
+
+
+def _json(done) -> dict:
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [
+        (SKIP_LOG, SourceKind.LOG),
+        (H200 / "skip" / "pyspy_rank0.txt", SourceKind.PYSPY),
+        (FIXTURES / "h200x2_live" / "barrier" / "captures" / "vm-20261130-055503" / "rank00.json", SourceKind.PYSPY),
+        (H200 / "skip" / "nccl_trace_rank_0", SourceKind.FLIGHT_RECORDER),
+        (H200X1 / "formats" / "frjson" / "fr_json_rank_0", SourceKind.FLIGHT_RECORDER),
+        (H200 / "oom_snapshot.pickle", SourceKind.MEMORY_SNAPSHOT),
+        (FIXTURES / "h200x2_runtime" / "memory" / "train_snapshot.pickle.gz", SourceKind.MEMORY_SNAPSHOT),
+        (FIXTURES / "traces" / "gloo_cpu" / "trace_rank0.json.gz", SourceKind.PROFILER_TRACE),
+        (H200X1 / "formats" / "ptrace.json", SourceKind.PROFILER_TRACE),
+        (H200X1 / "formats" / "timeline.json.gz", SourceKind.MEMORY_TIMELINE),
+        (H200 / "nvml.json", SourceKind.NVIDIA),
+        (FIXTURES / "h200x2_live" / "barrier" / "run" / "hang" / "verdict.json", SourceKind.TORCHTRIAGE_OUTPUT),
+        (FIXTURES / "h200x2_live" / "barrier" / "run" / "hang" / "verdict.txt", SourceKind.TORCHTRIAGE_OUTPUT),
+        (H200 / "README.md", SourceKind.DOCUMENT),
+    ],
+)
+def test_every_recorded_artifact_is_recognised_by_its_content(path, kind):
+    problems: list[str] = []
+    (found,) = discover([str(path)], problems)
+    assert (found.kind, problems) == (kind, [])
+
+
+def test_recognition_does_not_follow_the_name(tmp_path):
+    (tmp_path / "rank3.json").write_bytes((H200 / "skip" / "run.log").read_bytes())
+    (tmp_path / "trace_rank1.log").write_bytes((H200 / "oom_snapshot.pickle").read_bytes())
+    kinds = {Path(i.path).name: i.kind for i in discover([str(tmp_path)], [])}
+    assert kinds == {"rank3.json": SourceKind.LOG, "trace_rank1.log": SourceKind.MEMORY_SNAPSHOT}
+
+
+def test_log_lines_that_start_with_a_bracket_are_logs_and_json_lines_too(tmp_path):
+    for name, text in {
+        "a.log": "[rank2]: RuntimeError: x\n",
+        "b.log": "[1,3]<stderr>: RuntimeError: x\n",
+        "c.log": "[2026-11-30 10:00:01] step 1 loss 2.3\n",
+        "d.log": '{"time": 1, "msg": "step 1"}\n{"time": 2, "msg": "step 2"}\n',
+    }.items():
+        (tmp_path / name).write_text(text)
+    assert {i.kind for i in discover([str(tmp_path)], [])} == {SourceKind.LOG}
+
+
+def test_ranks_from_names():
+    assert rank_from_name("out/run/attempt_0/3/stderr.log") == 3
+    assert rank_from_name("node1-rank12.err") == 12
+    assert rank_from_name("nccl_trace_rank_5", SourceKind.FLIGHT_RECORDER) == 5
+    assert rank_from_name("host7-dump-9", SourceKind.FLIGHT_RECORDER) == 9
+    assert rank_from_name("host7-dump-9.log", SourceKind.LOG) is None  # a log's trailing number is no rank
+
+
+def test_diagnose_reads_a_log_named_as_a_file_as_the_log_it_is():
+    verdict = _json(run_cli("diagnose", SKIP_LOG, "--json"))
+    assert verdict["category"] == "nccl_timeout" and verdict["culprit_ranks"] == [1]
+    assert verdict["confidence"] != "high" or verdict["findings"]
+    assert verdict["facts"]["sources_used"] == ["logs"]
+
+
+def test_diagnose_reads_py_spy_dumps_named_as_files():
+    verdict = _json(run_cli("diagnose", H200 / "skip" / "pyspy_rank0.txt", H200 / "skip" / "pyspy_rank1.txt", "--json"))
+    assert verdict["culprit_ranks"] == [1] and verdict["facts"]["sources_used"] == ["stacks"]
+
+
+def test_gzip_on_standard_input_is_read_like_the_file():
+    plain = _json(run_cli("triage", "--json", SKIP_LOG))
+    piped = _json(run_cli("triage", "--json", "-", stdin=gzip.compress(SKIP_LOG.read_bytes())))
+    assert (piped["category"], piped["culprit_ranks"], piped["summary"]) == (
+        plain["category"],
+        plain["culprit_ranks"],
+        plain["summary"],
+    )
+
+
+@pytest.mark.parametrize("verb", ["triage", "diagnose"])
+def test_empty_standard_input_says_so_and_exits_3(verb):
+    done = run_cli(verb, "-", stdin=b"")
+    assert done.returncode == exit_codes.BAD_INPUT
+    assert b"standard input is empty" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_diagnose_of_an_empty_folder_is_no_all_clear(tmp_path):
+    done = run_cli("diagnose", tmp_path)
+    assert done.returncode == exit_codes.BAD_INPUT and b"nothing readable" in done.stderr
+
+
+def test_diagnose_reads_snapshots_and_traces_when_that_is_all_there_is(tmp_path):
+    shutil.copy(H200 / "oom_snapshot.pickle", tmp_path)
+    shutil.copytree(FIXTURES / "traces" / "gloo_cpu", tmp_path / "traces")
+    done = run_cli("diagnose", tmp_path, "--json")
+    verdict = _json(done)
+    assert done.returncode == exit_codes.PROBLEM_FOUND
+    # The OOM is a cause in itself: it outranks the straggler's skew.
+    assert verdict["category"] == "oom"
+    assert verdict["facts"]["sources_used"] == ["memory_snapshot", "profiler_trace"]
+
+
+def test_one_dump_of_a_two_rank_job_cannot_be_compared():
+    done = run_cli("fr", FIXTURES / "fr" / "skip_2r" / "nccl_trace_rank_0", "--json")
+    verdict = _json(done)
+    assert done.returncode == exit_codes.BAD_INPUT
+    assert verdict["summary"].startswith("cannot compare") and verdict["confidence"] == "low"
+    assert "rank 1" in verdict["summary"]
+
+
+def test_a_world_of_one_is_read_and_says_there_is_nothing_to_compare():
+    done = run_cli("fr", H200X1 / "nccl_ws1" / "nccl_trace_rank_0", "--json")
+    verdict = _json(done)
+    assert done.returncode == exit_codes.OK and verdict["confidence"] == "low"
+
+
+def test_the_report_of_an_oom_run_headlines_the_oom_not_a_skew(tmp_path, capsys):
+    from torchtriage.cli import main
+
+    page = tmp_path / "r.html"
+    assert main(["report", str(FIXTURES / "h200x2_runtime"), "--html", str(page)]) == exit_codes.PROBLEM_FOUND
+    out = capsys.readouterr().out
+    assert out.startswith("verdict   oom")
+    html = page.read_text()
+    assert "flight-recorder dumps</b>: missing" in html  # snapshot_stream.json is not a dump
+    assert "snapshot_stream.json: a JSON document of no kind torchtriage reads" in html
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["triage", "{missing}"],
+        ["fr", "{missing}"],
+        ["trace", "{missing}"],
+        ["memory", "{missing}"],
+        ["diagnose", "{missing}"],
+        ["report", "{missing}", "--html", "{page}"],
+        ["nvlink", "--from", "{missing}"],
+    ],
+)
+def test_a_missing_path_is_exit_3_in_every_verb(tmp_path, argv):
+    args = [a.format(missing=tmp_path / "nope", page=tmp_path / "r.html") for a in argv]
+    done = run_cli(*args)
+    assert done.returncode == exit_codes.BAD_INPUT, done.stderr
+    assert b"no such file" in done.stderr and b"Traceback" not in done.stderr
+
+
+def test_a_closed_pipe_keeps_the_verdicts_exit_code():
+    reader = "import sys; sys.stdin.buffer.read(10)"
+    consumer = subprocess.Popen([sys.executable, "-c", reader], stdin=subprocess.PIPE)
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "triage", str(H200 / "oom.log")], stdout=consumer.stdin, timeout=60
+    )
+    consumer.stdin.close()
+    consumer.wait(timeout=30)
+    assert done.returncode == exit_codes.PROBLEM_FOUND
+
+
+@pytest.mark.parametrize("verb", ["triage", "fr", "trace", "memory", "diagnose"])
+def test_a_fifo_is_refused_not_waited_on(tmp_path, verb):
+    fifo = tmp_path / "rank0.log"
+    os.mkfifo(fifo)
+    shutil.copy(H200 / "oom.log", tmp_path / "rank1.log")
+    named = run_cli(verb, fifo, timeout=60)
+    assert named.returncode == exit_codes.BAD_INPUT and b"a FIFO, not a file" in named.stderr
+    if verb in ("triage", "diagnose"):
+        in_folder = run_cli(verb, tmp_path, "--json", timeout=60)
+        verdict = _json(in_folder)
+        assert verdict["category"] == "oom" and any("a FIFO" in p for p in verdict["problems"])
+
+
+def test_a_healthy_snapshot_is_ok(capsys):
+    from torchtriage.cli import main
+
+    assert main(["memory", str(H200X1 / "formats" / "snap_nohist.pickle")]) == exit_codes.OK
+    out = capsys.readouterr().out
+    assert out.startswith("verdict   ok") and "fragment" not in out.split("\n\n")[0]
+    assert "104.00 MiB cached in 3 segments that hold no tensor" in out
+
+
+def test_whole_segments_freed_after_an_oom_are_cache_not_fragmentation(capsys):
+    from torchtriage.cli import main
+
+    snapshot = FIXTURES / "h200x2_runtime" / "memory" / "oomcase-rank01.pickle"  # 136 GiB freed after the OOM
+    assert main(["memory", str(snapshot), "--json"]) == exit_codes.PROBLEM_FOUND
+    verdict = json.loads(capsys.readouterr().out)
+    kinds = [f["kind"] for f in verdict["findings"]]
+    assert "memory.oom" in kinds and "memory.fragmentation" not in kinds
+    assert not any(a["env"].get("PYTORCH_CUDA_ALLOC_CONF") for a in verdict["actions"])
+    assert "136.00 GiB cached in 17 segments that hold no tensor" in verdict["summary"]
+
+
+@pytest.mark.parametrize("text", ['{"other": 1}', '{"traceEvents": []}'])
+def test_json_without_trace_events_is_no_all_clear(tmp_path, text):
+    path = tmp_path / "trace_rank0.json"
+    path.write_text(text)
+    done = run_cli("trace", path)
+    assert done.returncode == exit_codes.BAD_INPUT, done.stdout
+    assert b"no straggler" not in done.stdout and b"10000" not in done.stdout
