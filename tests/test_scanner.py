@@ -5,8 +5,9 @@ import io
 
 import pytest
 
+from torchtriage.knowledge.prefilter import literal_trie_regex
 from torchtriage.sources import logs
-from torchtriage.sources.logs import literal_trie_regex, scan_lines
+from torchtriage.sources.logs import scan_lines
 
 WORDS = ["Watchdog caught", "CUDA out of memory", "Error", "Xid"]
 
@@ -79,7 +80,7 @@ def test_concatenated_and_truncated_gzip_keep_every_line_they_hold():
 
 
 def test_the_re2_prefilter_and_the_python_fallback_find_the_same_lines():
-    from torchtriage.sources.logs import compile_prefilter
+    from torchtriage.knowledge.prefilter import compile_prefilter
 
     data = make_log(2000)
     fast = list(scan_lines(io.BytesIO(data), compile_prefilter(WORDS)))

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 from torchtriage import exit_codes
 from torchtriage.errors import InputError, UsageError
@@ -48,6 +49,22 @@ def print_verdict(verdict: Verdict, as_json: bool, tables: str = "") -> None:
     from torchtriage.report.text import render_text
 
     emit(render_json(verdict) if as_json else render_text(verdict) + (f"\n{tables}" if tables else ""))
+
+
+def write_verdict(verdict: Verdict, folder: Path) -> None:
+    """DIR/verdict.json and DIR/verdict.txt, as the hang watchdog leaves them beside the evidence."""
+    import io
+
+    from torchtriage.protocol import VERDICT_STEM
+    from torchtriage.report.json_report import render_json
+    from torchtriage.report.text import render_text
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{VERDICT_STEM}.json").write_text(render_json(verdict) + "\n")
+        (folder / f"{VERDICT_STEM}.txt").write_text(render_text(verdict, stream=io.StringIO()) + "\n")
+    except OSError as err:
+        raise InputError(f"--write-verdict {folder}: cannot write there ({err.strerror or err}).") from None
 
 
 def verdict_exit(verdict: Verdict) -> int:

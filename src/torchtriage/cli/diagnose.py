@@ -12,7 +12,7 @@ import argparse
 from pathlib import Path
 
 from torchtriage.analysis.postmortem import diagnose_paths
-from torchtriage.cli.common import add_json, check_paths, print_verdict, verdict_exit
+from torchtriage.cli.common import add_json, check_paths, print_verdict, verdict_exit, write_verdict
 from torchtriage.errors import UsageError
 
 
@@ -36,6 +36,11 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--native", action="store_true", help="live: include native frames (slower)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="live: per-rank py-spy timeout")
     add_json(parser)
+    parser.add_argument(
+        "--write-verdict",
+        metavar="DIR",
+        help="also write the verdict to DIR/verdict.json and DIR/verdict.txt (what the hang watchdog leaves)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -55,5 +60,7 @@ def run(args: argparse.Namespace) -> int:
             extra_paths=args.fr,
             logs=args.logs,
         )
+    if args.write_verdict:
+        write_verdict(verdict, Path(args.write_verdict))
     print_verdict(verdict, args.json)
     return verdict_exit(verdict)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torchtriage
 from torchtriage.errors import EnvironmentProblem, UsageError
+from torchtriage.protocol import FR_PREFIX, FR_SUBDIR, RUN_DIR_ENV, STALL_SECONDS_ENV, VERDICT_STEM, hang_dir
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "inject"
 
@@ -43,7 +44,7 @@ def flight_recorder_env(out_dir: Path, environ: dict[str, str]) -> tuple[dict[st
 
     Both spellings are set: torch reads TORCH_FR_* now and TORCH_NCCL_* in older releases.
     """
-    prefix = str(out_dir / "fr" / "nccl_trace_rank_")
+    prefix = str(out_dir / FR_SUBDIR / FR_PREFIX)
     wanted = {
         "TORCH_FR_BUFFER_SIZE": "20000",
         "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
@@ -66,8 +67,8 @@ def armed_environment(out_dir: Path, stall_seconds: float, environ: dict[str, st
     added, kept = flight_recorder_env(out_dir, environ)
     env.update(added)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), environ.get("PYTHONPATH", "")) if p)
-    env["TORCHTRIAGE_RUN_DIR"] = str(out_dir)
-    env["TORCHTRIAGE_STALL_SECONDS"] = str(stall_seconds)
+    env[RUN_DIR_ENV] = str(out_dir)
+    env[STALL_SECONDS_ENV] = str(stall_seconds)
     env["TORCHTRIAGE_HOME"] = str(Path(torchtriage.__file__).resolve().parent.parent)
     return env, kept
 
@@ -94,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         code = child.wait()
     finally:
         signal.signal(signal.SIGINT, previous)
-    verdict = out_dir / "hang" / "verdict.txt"
+    verdict = hang_dir(out_dir) / f"{VERDICT_STEM}.txt"
     if verdict.exists():
         print(f"torchtriage run: a stall was diagnosed: {verdict}", file=sys.stderr)
     return code if code >= 0 else 128 - code

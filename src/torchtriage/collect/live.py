@@ -10,6 +10,7 @@ from torchtriage.analysis.postmortem import diagnose_paths
 from torchtriage.collect.capture import capture_stacks
 from torchtriage.collect.discovery import parse_environ
 from torchtriage.model import Verdict
+from torchtriage.protocol import FR_SUBDIR, REQUEST_FILE, RUN_DIR_ENV, hang_dir
 
 # How long to wait for ranks started by `torchtriage run` to answer a dump request: their watchdogs
 # poll every few seconds.
@@ -20,21 +21,19 @@ def armed_run_dir(pids: list[int]) -> Path | None:
     """The hang folder of a job started with `torchtriage run`, read from a rank's environment."""
     for pid in pids:
         try:
-            env = parse_environ(Path(f"/proc/{pid}/environ").read_bytes(), keys=("TORCHTRIAGE_RUN_DIR",))
+            env = parse_environ(Path(f"/proc/{pid}/environ").read_bytes(), keys=(RUN_DIR_ENV,))
         except OSError:
             continue
-        if env.get("TORCHTRIAGE_RUN_DIR"):
-            return Path(env["TORCHTRIAGE_RUN_DIR"]) / "hang"
+        if env.get(RUN_DIR_ENV):
+            return hang_dir(env[RUN_DIR_ENV])
     return None
 
 
-def request_fresh_dumps(hang_dir: Path, ranks: int, wait_s: float = ARMED_WAIT_S) -> Path | None:
+def request_fresh_dumps(folder: Path, ranks: int, wait_s: float = ARMED_WAIT_S) -> Path | None:
     """Ask armed ranks' watchdogs for their flight-recorder buffers; the folder they land in, if any."""
-    from torchtriage.runtime.watchdog import REQUEST_FILE
-
-    hang_dir.mkdir(parents=True, exist_ok=True)
-    (hang_dir / REQUEST_FILE).write_text(f"requested by torchtriage diagnose at {time.time():.0f}\n")
-    fr = hang_dir / "fr"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / REQUEST_FILE).write_text(f"requested by torchtriage diagnose at {time.time():.0f}\n")
+    fr = folder / FR_SUBDIR
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if fr.is_dir() and len(list(fr.iterdir())) >= ranks:
@@ -55,9 +54,9 @@ def diagnose_live(
     capture = capture_stacks(pids, out, native=native, timeout_s=timeout_s)
     sources = [str(capture.folder), *(extra_paths or [])]
     captured = [p.target.pid for p in capture.processes]
-    hang_dir = armed_run_dir(captured)
-    if hang_dir is not None:
-        fresh = request_fresh_dumps(hang_dir, len(captured))
+    armed = armed_run_dir(captured)
+    if armed is not None:
+        fresh = request_fresh_dumps(armed, len(captured))
         if fresh is not None:
             sources.append(str(fresh))
     verdict = diagnose_paths(sources, extra_logs=logs)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchtriage.knowledge.prefilter import STRUCTURE_MARKERS, compile_prefilter, longest_literal_regex
 from torchtriage.knowledge.rules import Rule
-from torchtriage.sources.logs import STRUCTURE_MARKERS, compile_prefilter, longest_literal_regex
 
 
 @dataclass(frozen=True)

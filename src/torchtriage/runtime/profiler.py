@@ -22,8 +22,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import json
 import logging
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -356,29 +359,40 @@ class TorchProfilerCallback:
 
 # -- py-spy flame graphs of this rank ---------------------------------------------------------
 class FlamegraphRecording:
-    """A py-spy recording of this process running in a background thread; `wait()` returns its folder."""
+    """A py-spy recording of this process, by `torchtriage record` in a process of its own; `wait()`
+    returns its folder. `result` is that command's summary (its `summary.json`), once it has ended."""
 
     def __init__(self, duration: int, rate: int, output_dir: Path, native: bool, nonblocking: bool, idle: bool):
-        self.result = None
+        self.result: dict | None = None
         self.error: BaseException | None = None
-        self._args = dict(duration_s=duration, rate=rate, native=native, idle=idle, nonblocking=nonblocking)
-        self._output_dir = output_dir
-        # Imported here, in the caller's thread: in the background thread a busy training loop holding
-        # the GIL could delay the import, and with it the start of the recording, by seconds.
-        from torchtriage.collect.capture import record_profiles
-
-        self._record_profiles = record_profiles
-        self._thread = threading.Thread(target=self._run, name="torchtriage-flamegraph", daemon=True)
+        flags = [f for f, on in (("--native", native), ("--nonblocking", nonblocking), ("--idle", idle)) if on]
+        self._command = [
+            sys.executable, "-m", "torchtriage", "record", "--pid", str(os.getpid()), "--duration", str(duration),
+            "--rate", str(rate), "--out", str(output_dir), "--json", *flags,
+        ]  # fmt: skip
+        # Started here, in the caller's thread: in a background thread a busy training loop holding the GIL
+        # could delay the start of the recording by seconds. A thread only waits for it to end, and then
+        # withdraws the permission to trace this process.
+        self._tracer_allowed = contextlib.ExitStack()
+        self._tracer_allowed.enter_context(_allow_child_tracer())
+        try:
+            self._process = subprocess.Popen(self._command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except BaseException:
+            self._tracer_allowed.close()
+            raise
+        self._thread = threading.Thread(target=self._collect, name="torchtriage-flamegraph", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
+    def _collect(self) -> None:
         try:
-            with _allow_child_tracer():
-                self.result = self._record_profiles([os.getpid()], self._output_dir, **self._args)
-            if not self.result.ok:
-                logger.warning("[%s] torchtriage flame graph failed: %s", rank_tag(), self.result.to_json())
+            with self._tracer_allowed:
+                out, err = self._process.communicate()
+            self.result = json.loads(out) if out.strip() else None
+            if self._process.returncode != 0 or self.result is None or not self.result.get("ok"):
+                reason = err.decode(errors="replace").strip()[-300:] or (self.result or {}).get("processes")
+                logger.warning("[%s] torchtriage flame graph failed: %s", rank_tag(), reason)
             else:
-                logger.info("[%s] torchtriage flame graphs written to %s", rank_tag(), self.result.folder)
+                logger.info("[%s] torchtriage flame graphs written to %s", rank_tag(), self.result["folder"])
         except BaseException as err:  # noqa: BLE001 - a diagnostic thread must never take training down
             self.error = err
             logger.warning("[%s] torchtriage flame graph failed: %s: %s", rank_tag(), type(err).__name__, err)
@@ -386,7 +400,7 @@ class FlamegraphRecording:
     def wait(self, timeout: float | None = None) -> Path | None:
         """Wait for the recording to finish; the folder with the .svg and .speedscope.json, or None."""
         self._thread.join(timeout)
-        return None if self.result is None else Path(self.result.folder)
+        return None if self.result is None else Path(self.result["folder"])
 
     @property
     def done(self) -> bool:
@@ -435,8 +449,8 @@ def record_flamegraphs(
     """Record py-spy flame graphs (SVG + speedscope) of this rank for `duration` seconds, in the background.
 
     Returns at once with a `FlamegraphRecording` (`.wait()` gives the folder), or None on unselected
-    ranks. py-spy must run as a separate process (it samples this one through ptrace); it is started
-    by the same code as `torchtriage record`, so the files and `summary.json` are the same. Failures
+    ranks. py-spy must run as a separate process (it samples this one through ptrace); `torchtriage
+    record --pid <this process>` runs it, so the files and `summary.json` are the same. Failures
     (py-spy missing, ptrace not permitted) are logged as warnings, never raised.
     """
     parse_ranks(ranks)

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from torchtriage.protocol import FR_PREFIX, FR_SUBDIR, RUN_DIR_ENV
 from torchtriage.runtime.env import (
     NCCL_TIMEOUT_ENV,
     env_str,
@@ -41,7 +42,7 @@ from torchtriage.runtime.env import (
 )
 
 FR_BUFFER_SIZE = 20000
-FR_FILE_PREFIX = "nccl_trace_rank_"  # torch appends the rank; `torchtriage diagnose` reads these names
+
 # (new spelling, older spelling, first torch that reads the new one). Older torch gets both spellings; from
 # that version on only the new one, because torch warns that the old spelling is deprecated.
 FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", (2, 10))
@@ -159,8 +160,8 @@ def set_flight_recorder_env(dump_dir: str | os.PathLike | None = None) -> Path:
     set, else `<tmp>/torchtriage-fr`. Returns the dump directory.
     """
     if dump_dir is None:
-        run_dir = env_str("TORCHTRIAGE_RUN_DIR")
-        dump_dir = Path(run_dir) / "fr" if run_dir else Path(tempfile.gettempdir()) / "torchtriage-fr"
+        run_dir = env_str(RUN_DIR_ENV)
+        dump_dir = Path(run_dir) / FR_SUBDIR if run_dir else Path(tempfile.gettempdir()) / "torchtriage-fr"
     dump_dir = Path(dump_dir)
     dump_dir.mkdir(parents=True, exist_ok=True)
     reason = "torchtriage arms the flight recorder so a hang leaves a dump"
@@ -168,7 +169,7 @@ def set_flight_recorder_env(dump_dir: str | os.PathLike | None = None) -> Path:
     for (new, old, since), value in (
         (FR_BUFFER_ENV, FR_BUFFER_SIZE),
         (FR_DUMP_ON_TIMEOUT_ENV, 1),
-        (FR_DUMP_FILE_ENV, str(dump_dir / FR_FILE_PREFIX)),
+        (FR_DUMP_FILE_ENV, str(dump_dir / FR_PREFIX)),
     ):
         names = (new,) if version >= since and env_str(old) is None else (new, old)
         set_env_aliases(names, value, reason=reason)

@@ -20,8 +20,9 @@ thread that holds the GIL forever, which no Python thread could observe.
 from __future__ import annotations
 
 import faulthandler
-import io
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -29,10 +30,19 @@ import traceback
 import warnings
 from pathlib import Path
 
-STORE_PREFIX = "torchtriage/watchdog/"
-# `torchtriage diagnose` creates this file in the run's folder to ask every armed rank for a fresh dump.
-REQUEST_FILE = "REQUEST"
+from torchtriage.protocol import (
+    FR_PREFIX,
+    FR_SUBDIR,
+    REQUEST_FILE,
+    RUN_DIR_ENV,
+    STALL_SECONDS_ENV,
+    VERDICT_STEM,
+    hang_dir,
+)
+from torchtriage.protocol import WATCHDOG_STORE_PREFIX as STORE_PREFIX
+
 _REPORT_WAIT_S = 30.0  # how long the reporter waits for the other ranks' files
+_VERDICT_TIMEOUT_S = 120.0  # how long the verdict's analysis may take, in a process of its own
 
 
 def _env_rank(name: str) -> int | None:
@@ -174,9 +184,9 @@ class HangWatchdog:
         (self.out_dir / f"{self._name()}.txt").write_text(stacks)
         fr = self._flight_recorder_dump()
         if fr is not None:
-            fr_dir = self.out_dir / "fr"
+            fr_dir = self.out_dir / FR_SUBDIR
             fr_dir.mkdir(exist_ok=True)
-            (fr_dir / f"nccl_trace_rank_{self.rank if self.rank is not None else os.getpid()}").write_bytes(fr)
+            (fr_dir / f"{FR_PREFIX}{self.rank if self.rank is not None else os.getpid()}").write_bytes(fr)
 
     @staticmethod
     def _flight_recorder_dump() -> bytes | None:
@@ -238,24 +248,40 @@ class HangWatchdog:
             if int(store.add(STORE_PREFIX + "dumped", 0)) >= expected:
                 break
             time.sleep(0.5)
-        from torchtriage.analysis.postmortem import diagnose_folder
-        from torchtriage.report.json_report import render_json
-        from torchtriage.report.text import render_text
-
-        verdict = diagnose_folder(self.out_dir)
-        verdict.facts["reported_by_rank"] = self.rank
-        (self.out_dir / "verdict.json").write_text(render_json(verdict) + "\n")
-        (self.out_dir / "verdict.txt").write_text(render_text(verdict, stream=io.StringIO()) + "\n")
+        # The analysis runs as `torchtriage diagnose`, in a process of its own: it holds neither this rank's
+        # GIL nor its memory, and the runtime imports none of the analysis. Without the run's variables, that
+        # process arms no watchdog of its own.
+        env = {k: v for k, v in os.environ.items() if k not in (RUN_DIR_ENV, STALL_SECONDS_ENV)}
+        command = [
+            sys.executable,
+            "-m",
+            "torchtriage",
+            "diagnose",
+            str(self.out_dir),
+            "--write-verdict",
+            str(self.out_dir),
+        ]
+        done = subprocess.run(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=_VERDICT_TIMEOUT_S, check=False
+        )
+        written = self.out_dir / f"{VERDICT_STEM}.json"
+        if not written.exists():
+            reason = done.stderr.decode(errors="replace").strip()[-500:]
+            warnings.warn(f"torchtriage watchdog: no verdict was written: {reason}", RuntimeWarning, stacklevel=1)
+            return
+        verdict = json.loads(written.read_text())
+        verdict["facts"]["reported_by_rank"] = self.rank
+        written.write_text(json.dumps(verdict, indent=2) + "\n")
 
 
 def start_from_environment() -> HangWatchdog | None:
     """Start a watchdog configured by TORCHTRIAGE_STALL_SECONDS and TORCHTRIAGE_RUN_DIR, if set."""
-    out_dir = os.environ.get("TORCHTRIAGE_RUN_DIR")
+    out_dir = os.environ.get(RUN_DIR_ENV)
     if not out_dir:
         return None
     try:
-        stall = float(os.environ.get("TORCHTRIAGE_STALL_SECONDS", "300"))
+        stall = float(os.environ.get(STALL_SECONDS_ENV, "300"))
     except ValueError:
-        warnings.warn("torchtriage: TORCHTRIAGE_STALL_SECONDS is not a number; using 300", stacklevel=1)
+        warnings.warn(f"torchtriage: {STALL_SECONDS_ENV} is not a number; using 300", stacklevel=1)
         stall = 300.0
-    return HangWatchdog(stall_seconds=stall, out_dir=Path(out_dir) / "hang").start()
+    return HangWatchdog(stall_seconds=stall, out_dir=hang_dir(out_dir)).start()

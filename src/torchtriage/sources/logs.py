@@ -9,118 +9,13 @@ megabyte-long line costs no more memory than a block.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import BinaryIO
 
 BLOCK_BYTES = 8 << 20
 # A hit line is cut to this length before matching: messages that matter are short, and a
 # pathological line must not make every rule scan megabytes.
 MAX_LINE_CHARS = 16_384
-
-# Markers that are not rules but that the analysis needs to see: Python tracebacks, exception lines,
-# and torchrun's "Root Cause (first observed failure)" report.
-STRUCTURE_MARKERS = (
-    "Traceback (most recent call last)",
-    'File "',
-    "Error",
-    "Exception",
-    "Root Cause (first observed failure)",
-    "Failures:",
-    # the fields of torchrun's report that name the rank and how it ended
-    "(local_rank: ",
-    "exitcode  :",
-)
-
-
-# How often a byte starts a regex attempt in a typical log, roughly: the prefilter starts each word at its
-# rarest byte, because Python's regex engine skips quickly over positions whose byte cannot begin a
-# match, and slowly over those that can. Lowercase letters follow English frequencies; unlisted bytes
-# (most capitals, rare punctuation) count as rare.
-_COMMON_BYTES = dict(
-    zip(
-        b" etaoinshrdlcumwfgypbvkjxqz0123456789.:/-_=,[]()",
-        [150, 76, 54, 49, 45, 42, 40, 38, 36, 36, 26, 24, 17, 17, 14, 14, 13, 12, 12, 11, 9, 6, 5, 1, 1, 1, 1]
-        + [30] * 10
-        + [20, 12, 10, 10, 8, 8, 6, 6, 6, 5, 5],
-        strict=True,
-    )
-)
-_MIN_PREFILTER_WORD = 4
-_RE2_MEMORY = 64 << 20
-
-
-def prefilter_word(word: str) -> bytes:
-    """The suffix of `word` that starts at its rarest byte, keeping at least two thirds of it.
-
-    Any line containing `word` contains this suffix, so the prefilter loses nothing. Two costs are
-    balanced: a common first byte makes the regex engine stop at many positions (cheap each), while a
-    short suffix ("loss" out of "nan loss") makes ordinary lines pass the prefilter (costly each), so
-    the suffix keeps most of the word.
-    """
-    data = word.encode("utf-8")
-    keep = min(len(data), max(_MIN_PREFILTER_WORD, (2 * len(data) + 2) // 3))
-    start = min(range(len(data) - keep + 1), key=lambda i: (_COMMON_BYTES.get(data[i], 2), i))
-    return data[start:]
-
-
-def compile_prefilter(words: Iterable[str]):
-    """A compiled search for any of `words` in bytes, with `.search(buffer, pos, endpos)`.
-
-    RE2 (the `google-re2` package) turns the alternation into a DFA and scans hundreds of MB/s
-    whatever the number of words. Python's own engine tries the alternatives one by one wherever a
-    word could start, so without RE2 the trie below keeps the scan correct, only slower.
-    """
-    unique = sorted(set(words))
-    try:
-        import re2
-    except ImportError:
-        return literal_trie_regex(unique)
-    options = re2.Options()
-    options.max_mem = _RE2_MEMORY  # room for the DFA of a few hundred words; it never falls back to NFA
-    pattern = b"|".join(re.escape(word.encode("utf-8")) for word in unique) if unique else b"[^\\x00-\\xff]"
-    return re2.compile(pattern, options)
-
-
-def literal_trie_regex(words: Iterable[str]) -> re.Pattern[bytes]:
-    """One regex that finds any of `words`; factored as a trie so each position costs few branches."""
-    trie: dict = {}
-    for word in words:
-        node = trie
-        for byte in prefilter_word(word):
-            node = node.setdefault(byte, {})
-        node[None] = {}  # end of a word: a shorter word suffices, longer ones add nothing
-
-    def build(node: dict) -> bytes:
-        if None in node:
-            return b""
-        branches = [re.escape(bytes([byte])) + build(child) for byte, child in sorted(node.items())]
-        return branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
-
-    return re.compile(build(trie) if trie else rb"(?!)")
-
-
-def longest_literal_regex(words: Iterable[str]) -> re.Pattern[str]:
-    """A regex whose lookahead at each position reports the longest of `words` starting there.
-
-    Factored as a trie: a flat alternation of hundreds of words costs hundreds of tries per position.
-    """
-    trie: dict = {}
-    for word in words:
-        node = trie
-        for char in word:
-            node = node.setdefault(char, {})
-        node[""] = {}  # end of a word
-
-    def build(node: dict) -> str:
-        branches = [re.escape(char) + build(child) for char, child in sorted(node.items()) if char]
-        if not branches:
-            return ""
-        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
-        # Greedy: a longer word is tried before the shorter one that ends here.
-        return f"(?:{body})?" if "" in node else body
-
-    return re.compile(f"(?=({build(trie)}))" if trie else "(?!)")
 
 
 def scan_lines(stream: BinaryIO, prefilter) -> Iterator[tuple[int, bytes]]:

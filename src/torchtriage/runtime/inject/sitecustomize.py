@@ -13,6 +13,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _start_watchdog():
+    # The names are torchtriage.protocol's; it is not importable yet (torchtriage may be found below).
     if not os.environ.get("TORCHTRIAGE_RUN_DIR") or os.environ.get("RANK") is None:
         return
     try:

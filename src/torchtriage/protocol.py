@@ -1,0 +1,30 @@
+"""The run folder and the names shared by `torchtriage run`, the ranks' hang watchdog and live `diagnose`.
+
+`torchtriage run --out DIR` tells every rank where DIR is through the environment; the ranks write
+into it and `diagnose` asks them, through a file in it, for a fresh dump. Both sides read the names
+here, so neither imports the other.
+
+    DIR/fr/nccl_trace_rank_<N>     the flight recorder's dumps on a timeout (TORCH_FR_DUMP_TEMP_FILE)
+    DIR/hang/rank<NN>.txt          each rank's stack when the watchdog fired (py-spy's text form)
+    DIR/hang/fr/nccl_trace_rank_<N>   each rank's flight-recorder buffer at that moment
+    DIR/hang/verdict.json, .txt    the fused verdict the first rank to notice wrote
+    DIR/hang/REQUEST               created by `diagnose` to ask every armed rank for a fresh dump
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+RUN_DIR_ENV = "TORCHTRIAGE_RUN_DIR"
+STALL_SECONDS_ENV = "TORCHTRIAGE_STALL_SECONDS"
+HANG_SUBDIR = "hang"
+FR_SUBDIR = "fr"
+FR_PREFIX = "nccl_trace_rank_"
+REQUEST_FILE = "REQUEST"
+VERDICT_STEM = "verdict"
+# Keys the watchdogs of one job share in its c10d store.
+WATCHDOG_STORE_PREFIX = "torchtriage/watchdog/"
+
+
+def hang_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / HANG_SUBDIR
