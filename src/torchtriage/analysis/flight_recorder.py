@@ -568,45 +568,26 @@ def build_verdict(load: LoadResult) -> Verdict:
     return verdict_of(assess_dumps(load))
 
 
-def assess_dumps(load: LoadResult) -> Assessment:
-    """What the flight recorder says: the first collective where the ranks disagree, and who departed."""
-    dumps = {d.rank: d for d in load.dumps}
-    signatures: dict[str, Signature] = {}
-    for dump in load.dumps:
-        signatures.update(dump.signatures)
-    problems = [f"{p.path}: {p.message}" for p in load.problems]
-    sources = [d.path for d in load.dumps]
-    groups = build_groups(load)
-
-    versions = Counter(d.version for d in load.dumps)
-    if len(versions) > 1:
-        problems.append(
-            "the dumps come in several format versions ("
-            + ", ".join(f"{v}: {n} ranks" for v, n in versions.most_common())
-            + "); were they written by one job?"
-        )
+def _disagreements(
+    groups: dict, dumps: dict[int, RankDump], signatures: dict[str, Signature]
+) -> tuple[list[Disagreement], dict[str, list[int]]]:
+    """Every group's first disagreement (collective and p2p), and the members each group has no dump of."""
     missing_by_group: dict[str, list[int]] = {}
     disagreements: list[Disagreement] = []
     for group in sorted(groups.values(), key=lambda g: (len(g.members) == 0, g.name)):
         missing = [r for r in group.members if r not in dumps]
         if missing:
             missing_by_group[group.label] = missing
-        found = collective_disagreement(group, dumps, signatures)
-        if found is not None:
-            disagreements.append(found)
-        p2p = p2p_disagreement(group, dumps)
-        if p2p is not None:
-            disagreements.append(p2p)
-    all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
-    if all_missing:
-        problems.append(
-            f"no dump for {format_ranks(all_missing)} (members of "
-            + ", ".join(missing_by_group)
-            + "): their side of each collective is unknown; look for their dumps (a rank that hung in teardown "
-            "or was killed often writes none)"
-        )
+        for found in (collective_disagreement(group, dumps, signatures), p2p_disagreement(group, dumps)):
+            if found is not None:
+                disagreements.append(found)
+    return disagreements, missing_by_group
 
-    # A rank blamed in one group but blocked in another group's disagreement (where it joined) is collateral.
+
+def _causes_and_collateral(
+    disagreements: list[Disagreement], dumps: dict[int, RankDump]
+) -> tuple[list[Disagreement], list[Disagreement]]:
+    """A rank blamed in one group but blocked in another group's disagreement (where it joined) is collateral."""
     joined_at: dict[int, tuple[str, int]] = {}
     for d in disagreements:
         for value, ranks in d.sides.items():
@@ -628,22 +609,81 @@ def assess_dumps(load: LoadResult) -> Assessment:
         collateral.remove(best)
         primary.insert(0, best)
     primary.sort(key=lambda d: (not d.culprits, d.kind == "state_mismatch", d.group.name != "0", d.seq))
+    return primary, collateral
 
-    findings: list[Finding] = []
-    for d in primary + collateral:
-        role = "primary" if d in primary and d.culprits and d.kind != "state_mismatch" else "symptom"
-        if d in collateral:
-            role = "collateral"
-        ranks = d.culprits or sorted(r for ranks in d.sides.values() for r in ranks)
-        facts = {"seq": d.seq, "group": d.group.label}
-        if not d.culprits and d.decided_by == "undecided":
-            facts["undecided"] = True
-        findings.append(
-            Finding(
-                _KIND_PREFIX + d.kind, ranks, _message(d, signatures), role, "hang",
-                _evidence_for(d, dumps, signatures), facts,
-            )
-        )  # fmt: skip
+
+def _finding(d: Disagreement, role: str, dumps: dict[int, RankDump], signatures: dict[str, Signature]) -> Finding:
+    ranks = d.culprits or sorted(r for ranks in d.sides.values() for r in ranks)
+    facts = {"seq": d.seq, "group": d.group.label}
+    if not d.culprits and d.decided_by == "undecided":
+        facts["undecided"] = True
+    evidence = _evidence_for(d, dumps, signatures)
+    return Finding(_KIND_PREFIX + d.kind, ranks, _message(d, signatures), role, "hang", evidence, facts)
+
+
+def _problems(load: LoadResult, missing_by_group: dict[str, list[int]]) -> list[str]:
+    problems = [f"{p.path}: {p.message}" for p in load.problems]
+    versions = Counter(d.version for d in load.dumps)
+    if len(versions) > 1:
+        problems.append(
+            "the dumps come in several format versions ("
+            + ", ".join(f"{v}: {n} ranks" for v, n in versions.most_common())
+            + "); were they written by one job?"
+        )
+    all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
+    if all_missing:
+        problems.append(
+            f"no dump for {format_ranks(all_missing)} (members of "
+            + ", ".join(missing_by_group)
+            + "): their side of each collective is unknown; look for their dumps (a rank that hung in teardown "
+            "or was killed often writes none)"
+        )
+    return problems
+
+
+def _missing_dump(missing: list[int]) -> Finding:
+    return Finding(
+        "fr.missing_dump",
+        missing,
+        f"{format_ranks(missing)} wrote no dump while every rank that did agrees and waits in its last "
+        "collective: the missing ranks are the likely culprits (a hung rank often never dumps)",
+        "symptom",
+        "hang",
+        blames=True,
+    )
+
+
+def _load_facts(load: LoadResult, groups: dict, missing: list[int], timed_out: list) -> dict:
+    versions = Counter(d.version for d in load.dumps)
+    facts: dict = {
+        "ranks_loaded": len(load.dumps),
+        "backend": Counter(d.backend for d in load.dumps).most_common(1)[0][0] if load.dumps else "",
+        "format_version": versions.most_common(1)[0][0] if versions else "",
+        "process_groups": {
+            g.label: {"size": len(g.members), "members_inferred": g.inferred} for g in list(groups.values())[:32]
+        },
+    }
+    if missing:
+        facts["missing_ranks"] = format_ranks(missing)
+    if timed_out:
+        facts["timed_out"] = [{"rank": r, "pg": pg, "seq": seq} for r, pg, seq in timed_out[:16]]
+    return facts
+
+
+def assess_dumps(load: LoadResult) -> Assessment:
+    """What the flight recorder says: the first collective where the ranks disagree, and who departed."""
+    dumps = {d.rank: d for d in load.dumps}
+    signatures: dict[str, Signature] = {}
+    for dump in load.dumps:
+        signatures.update(dump.signatures)
+    groups = build_groups(load)
+    disagreements, missing_by_group = _disagreements(groups, dumps, signatures)
+    all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
+    primary, collateral = _causes_and_collateral(disagreements, dumps)
+    findings = [
+        _finding(d, "primary" if d.culprits and d.kind != "state_mismatch" else "symptom", dumps, signatures)
+        for d in primary
+    ] + [_finding(d, "collateral", dumps, signatures) for d in collateral]
 
     lead = primary[0] if primary else None
     culprits = sorted({r for d in primary if d.culprits and d.kind != "state_mismatch" for r in d.culprits})
@@ -654,44 +694,21 @@ def assess_dumps(load: LoadResult) -> Assessment:
         culprits = list(lead.culprits)
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
     if not culprits and all_missing and compared and _present_ranks_wait(groups, dumps):
-        findings.append(
-            Finding(
-                "fr.missing_dump",
-                all_missing,
-                f"{format_ranks(all_missing)} wrote no dump while every rank that did agrees and waits in its last "
-                "collective: the missing ranks are the likely culprits (a hung rank often never dumps)",
-                "symptom",
-                "hang",
-                blames=True,
-            )
-        )
-        culprits = all_missing
-        confidence = "low"
+        findings.append(_missing_dump(all_missing))
+        culprits, confidence = all_missing, "low"
 
     timed_out = sorted({(d.rank, pg, seq) for d in load.dumps for pg, seq in d.timed_out})
     category = "nccl_timeout" if timed_out else "hang"
     for finding in findings:
         finding.category = category
-    facts: dict = {
-        "ranks_loaded": len(load.dumps),
-        "backend": Counter(d.backend for d in load.dumps).most_common(1)[0][0] if load.dumps else "",
-        "format_version": versions.most_common(1)[0][0] if versions else "",
-        "process_groups": {
-            g.label: {"size": len(g.members), "members_inferred": g.inferred} for g in list(groups.values())[:32]
-        },
-    }
-    if all_missing:
-        facts["missing_ranks"] = format_ranks(all_missing)
-    if timed_out:
-        facts["timed_out"] = [{"rank": r, "pg": pg, "seq": seq} for r, pg, seq in timed_out[:16]]
+    facts = _load_facts(load, groups, all_missing, timed_out)
     blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
     if lead is not None:
         facts.update(_lead_facts(lead, dumps, signatures))
         where = _culprit_site(lead, dumps) if culprits else None
         if where is not None:
-            rank, site = where
             # A rank that never enqueued the op is somewhere after its last recorded call, not at it.
-            facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = site.to_fact(rank)
+            facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = where[1].to_fact(where[0])
         if not culprits and lead.decided_by == "undecided":
             facts["candidates"] = sorted(r for ranks in lead.sides.values() for r in ranks)
         if culprits and findings[0].role == "primary":
@@ -699,9 +716,8 @@ def assess_dumps(load: LoadResult) -> Assessment:
             blaming.blames = True
             if where is not None:
                 blaming.facts["site"] = str(where[1])
-    summary = _summary(lead, culprits, findings, load)
-    if not findings and not compared:
-        summary = _cannot_compare(load, groups, dumps)
+    summary = _summary(lead, culprits, findings, load) if findings or compared else _cannot_compare(load, groups, dumps)
+    sources = [d.path for d in load.dumps]
     return Assessment(
         source="flight_recorder",
         findings=findings,
@@ -711,7 +727,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
         confidence=confidence if findings else ("medium" if compared else "low"),
         facts=facts | {"compared": compared},
         files=sources if len(sources) <= 64 else sources[:64] + [f"… and {len(sources) - 64} more"],
-        problems=problems,
+        problems=_problems(load, missing_by_group),
         lead=findings[0] if findings else None,
         blaming=blaming,
     )

@@ -31,6 +31,7 @@ from torchtriage.sources.memory_snapshot import (
     OOM,
     SEGMENT_ALLOC,
     SEGMENT_FREE,
+    Block,
     DeviceHistory,
     MemorySnapshot,
     interpret,
@@ -147,7 +148,8 @@ def _add_site(sites: dict[str, Site], folded: tuple[str, tuple[str, ...]], size:
         entry.count += 1
 
 
-def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
+def _segments(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
+    """What the device's segments hold now: totals, the cache and its fragments, the most fragmented segments."""
     allocated = reserved = segments = 0
     largest_free = cached_free = cached_segments = fragment_free = largest_fragment = 0
     expandable = False
@@ -164,51 +166,43 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
         if info.allocated_size == 0:
             cached_free += info.total_size
             cached_segments += 1
-        elif free > 0:
-            fragment_free += free
-            largest_fragment = max(largest_fragment, info.largest_free_block)
-        if free > 0 and info.allocated_size > 0:
-            record = {
-                "address": hex(info.address),
-                "total": info.total_size,
-                "allocated": info.allocated_size,
-                "free": free,
-                "largest_free_block": info.largest_free_block,
-                "stream": info.stream,
-                "pool": info.segment_type,
-            }
-            if len(fragmented) < TOP_SEGMENTS:
-                heapq.heappush(fragmented, (free, info.address, record))
-            elif free > fragmented[0][0]:
-                heapq.heapreplace(fragmented, (free, info.address, record))
+            continue
+        if free <= 0:
+            continue
+        fragment_free += free
+        largest_fragment = max(largest_fragment, info.largest_free_block)
+        record = {
+            "address": hex(info.address),
+            "total": info.total_size,
+            "allocated": info.allocated_size,
+            "free": free,
+            "largest_free_block": info.largest_free_block,
+            "stream": info.stream,
+            "pool": info.segment_type,
+        }
+        if len(fragmented) < TOP_SEGMENTS:
+            heapq.heappush(fragmented, (free, info.address, record))
+        elif free > fragmented[0][0]:
+            heapq.heapreplace(fragmented, (free, info.address, record))
     result = DeviceMemory(device, allocated, reserved, segments)
     result.largest_free_block = largest_free
-    result.cached_free, result.cached_segments = cached_free, cached_segments
-    result.fragment_free, result.largest_fragment = fragment_free, largest_fragment
     result.expandable = expandable or bool(snapshot.allocator_settings.get("expandable_segments"))
     result.fragmented_segments = [r for _, _, r in sorted(fragmented, key=lambda x: (-x[0], x[1]))]
+    result.cached_free, result.cached_segments = cached_free, cached_segments
+    result.fragment_free, result.largest_fragment = fragment_free, largest_fragment
+    return result
 
-    live_now = [b for b in snapshot.blocks() if b.device == device and b.state.startswith("active")]
-    result.largest_blocks = [
-        {
-            "address": hex(b.address),
-            "size": b.size,
-            "requested_size": b.requested_size,
-            "state": b.state,
-            "site": b.site[0],
-        }
+
+def _largest_blocks(live_now: list[Block]) -> list[dict[str, Any]]:
+    return [
+        {"address": hex(b.address), "size": b.size, "requested_size": b.requested_size, "state": b.state,
+         "site": b.site[0]}
         for b in heapq.nlargest(TOP_BLOCKS, live_now, key=lambda b: b.size)
-    ]
+    ]  # fmt: skip
 
-    history = snapshot.history(device)
-    if not len(history):
-        result.reference = "now"
-        result.reference_bytes = allocated
-        for block in live_now:
-            _add_site(result.sites, block.site, block.size)
-        return result
 
-    # Pass 1: net change and the moment of the peak (and of the last OOM).
+def _peaks(history: DeviceHistory) -> tuple[int, int, int, int, int, int | None]:
+    """Pass 1 over the history: net allocated and reserved change, their peaks, the peak's and last OOM's index."""
     level = reserved_level = 0
     peak = peak_reserved = 0
     peak_index = -1
@@ -228,34 +222,11 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
             reserved_level -= size
         elif kind == OOM:
             oom_index = index
-    result.history_events = len(history)
-    baseline = allocated - level
-    reserved_baseline = reserved - reserved_level
-    if baseline < 0 or reserved_baseline < 0:
-        result.notes.append(
-            "the history and the segments disagree (the snapshot was taken while memory changed?): "
-            "peaks are measured from zero at the start of the history"
-        )
-        baseline, reserved_baseline = max(0, baseline), max(0, reserved_baseline)
-    result.peak_allocated = max(baseline + peak, allocated)
-    result.peak_reserved = max(reserved_baseline + peak_reserved, reserved)
-    result.peak_time_us = _time_at(history, peak_index)
+    return level, peak, peak_index, reserved_level, peak_reserved, oom_index
 
-    if oom_index is not None:
-        site, stack = snapshot.sites[history.site[oom_index]]
-        result.oom = {
-            "requested": history.size[oom_index],
-            "device_free": history.device_free.get(oom_index),
-            "time_us": _time_at(history, oom_index),
-            "site": site,
-            "stack": list(stack),
-            "history_index": oom_index,
-        }
-        result.reference, stop = "oom", oom_index
-    else:
-        result.reference, stop = "peak", peak_index
 
-    # Pass 2: replay up to the reference moment, keeping who allocated each live address.
+def _alive_at(history: DeviceHistory, stop: int, baseline: int) -> tuple[dict[int, tuple[int, int]], set[int], int]:
+    """Pass 2: replay up to `stop`, keeping who allocated each live address; the addresses ever touched; the level."""
     live: dict[int, tuple[int, int]] = {}
     touched: set[int] = set()
     level = baseline
@@ -271,7 +242,49 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
             if index <= stop:
                 live.pop(addr, None)
                 level -= size
-    result.reference_bytes = level
+    return live, touched, level
+
+
+def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
+    result = _segments(snapshot, device)
+    live_now = [b for b in snapshot.blocks() if b.device == device and b.state.startswith("active")]
+    result.largest_blocks = _largest_blocks(live_now)
+    history = snapshot.history(device)
+    if not len(history):
+        result.reference = "now"
+        result.reference_bytes = result.allocated
+        for block in live_now:
+            _add_site(result.sites, block.site, block.size)
+        return result
+
+    level, peak, peak_index, reserved_level, peak_reserved, oom_index = _peaks(history)
+    result.history_events = len(history)
+    baseline = result.allocated - level
+    reserved_baseline = result.reserved - reserved_level
+    if baseline < 0 or reserved_baseline < 0:
+        result.notes.append(
+            "the history and the segments disagree (the snapshot was taken while memory changed?): "
+            "peaks are measured from zero at the start of the history"
+        )
+        baseline, reserved_baseline = max(0, baseline), max(0, reserved_baseline)
+    result.peak_allocated = max(baseline + peak, result.allocated)
+    result.peak_reserved = max(reserved_baseline + peak_reserved, result.reserved)
+    result.peak_time_us = _time_at(history, peak_index)
+    if oom_index is not None:
+        site, stack = snapshot.sites[history.site[oom_index]]
+        result.oom = {
+            "requested": history.size[oom_index],
+            "device_free": history.device_free.get(oom_index),
+            "time_us": _time_at(history, oom_index),
+            "site": site,
+            "stack": list(stack),
+            "history_index": oom_index,
+        }
+        result.reference, stop = "oom", oom_index
+    else:
+        result.reference, stop = "peak", peak_index
+
+    live, touched, result.reference_bytes = _alive_at(history, stop, baseline)
     tracked = 0
     for size, site in live.values():
         _add_site(result.sites, snapshot.sites[site], size)
@@ -281,8 +294,8 @@ def analyse_device(snapshot: MemorySnapshot, device: int) -> DeviceMemory:
         if block.address not in touched:
             _add_site(result.sites, block.site, block.size)
             tracked += block.size
-    if level - tracked > 0:
-        result.sites[BEFORE_HISTORY] = Site(BEFORE_HISTORY, level - tracked, 0)
+    if result.reference_bytes - tracked > 0:
+        result.sites[BEFORE_HISTORY] = Site(BEFORE_HISTORY, result.reference_bytes - tracked, 0)
     return result
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 from torchtriage.knowledge.actions import ActionTemplate
@@ -218,6 +218,11 @@ def _build_rule(raw: dict, file: str) -> Rule:
     )
 
 
+def _load_file(path: Path) -> list[Rule]:
+    data = check_table(read_toml(path), path.name, {"rule": TABLES})
+    return [_build_rule(raw, path.name) for raw in data["rule"]]
+
+
 def load_rules(directory: Path = RULES_DIR) -> list[Rule]:
     """Every rule in `directory`/*.toml; a KnowledgeError names what does not validate."""
     if not directory.is_dir():
@@ -228,9 +233,7 @@ def load_rules(directory: Path = RULES_DIR) -> list[Rule]:
     rules: list[Rule] = []
     seen: dict[str, str] = {}
     for path in files:
-        data = check_table(read_toml(path), path.name, {"rule": TABLES})
-        for raw in data["rule"]:
-            rule = _build_rule(raw, path.name)
+        for rule in _load_file(path):
             if rule.id in seen:
                 raise RuleError(f"{path.name}: rule id {rule.id} is also defined in {seen[rule.id]}")
             seen[rule.id] = path.name
@@ -257,10 +260,13 @@ def default_rules() -> tuple[Rule, ...]:
     return tuple(load_rules())
 
 
-@lru_cache(maxsize=1)
-def _by_id() -> dict[str, Rule]:
-    return {rule.id: rule for rule in default_rules()}
+@cache
+def _rules_of_prefix(prefix: str) -> dict[str, Rule]:
+    path = RULES_DIR / f"{prefix}.toml"
+    return {rule.id: rule for rule in _load_file(path)} if path.is_file() else {}
 
 
 def rule_by_id(rule_id: str) -> Rule | None:
-    return _by_id().get(rule_id)
+    """The built-in rule of this id. A rule lives in the file of its prefix: only that file is read."""
+    prefix = rule_id.split(".", 1)[0]
+    return _rules_of_prefix(prefix).get(rule_id) if prefix.isidentifier() else None

@@ -155,9 +155,6 @@ def _as_tuple_sizes(sizes: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(s) for s in sizes)
 
 
-_UNSEEN = object()
-
-
 def _judge_frame(frame: Any) -> Frame | None:
     """The frame as a call site when it is the user's code, else None (remembered by the frame's identity)."""
     site = None
@@ -299,27 +296,20 @@ def _add_p2p(p2p: dict[str, list[P2POp]], pg: str, index: int, entry: dict) -> N
     )
 
 
-def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
-    """Turn one rank's dump (already decoded) into records. Raises ValueError with the reason."""
-    if not isinstance(data, dict):
-        raise ValueError(f"it holds a {type(data).__name__}, not the dict a flight-recorder dump is")
-    problem = _version_problem(data.get("version"))
-    if problem:
-        raise ValueError(problem)
+def _rank_of(data: dict, rank_hint: int | None) -> tuple[int, str]:
     rank = data.get("rank")
-    rank_from = "content"
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
-        rank, rank_from = rank_hint, "file name"
-    if rank is None:
+    if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0:
+        return rank, "content"
+    if rank_hint is None:
         raise ValueError(
             "its rank is unknown: the dump has no `rank` key and the file name carries no number "
             "(name it like nccl_trace_rank_<N>)"
         )
-    entries = data.get("entries") or []
-    _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
-    if not isinstance(entries, list):
-        raise ValueError("its `entries` is not a list")
+    return rank_hint, "file name"
 
+
+def _pg_config(data: dict) -> tuple[dict[str, PGInfo], dict[str, str], str | None]:
+    """The groups a dump configures (by name), their ranks' text by digest, and gloo's nameless placeholder."""
     pg_config: dict[str, PGInfo] = {}
     ranks_text: dict[str, str] = {}
     nameless_ranks = None
@@ -338,23 +328,23 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
             nameless_ranks = digest  # gloo's placeholder: no group of its own, but the world's ranks
             continue
         pg_config[name] = PGInfo(name, str(info.get("desc", "")), digest)
+    return pg_config, ranks_text, nameless_ranks
 
-    pg_status: dict[str, tuple[int, int, int]] = {}
-    for pg_id, status in (data.get("pg_status") or {}).items():
-        if isinstance(status, dict):
-            pg_status[str(pg_id)] = (
-                _int(status.get("last_enqueued_collective")),
-                _int(status.get("last_started_collective")),
-                _int(status.get("last_completed_collective")),
-            )
 
-    try:
-        ext = _extract_columns(entries)
-    except (TypeError, ValueError, AttributeError, IndexError, KeyError):
-        ext = None  # an odd layout: the per-entry path says what is wrong with it, as it always did
-    if ext is None:
-        ext = _extract_per_entry(entries)
-    tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames, latest_ns = ext
+def _pg_status(data: dict) -> dict[str, tuple[int, int, int]]:
+    return {
+        str(pg_id): (
+            _int(status.get("last_enqueued_collective")),
+            _int(status.get("last_started_collective")),
+            _int(status.get("last_completed_collective")),
+        )
+        for pg_id, status in (data.get("pg_status") or {}).items()
+        if isinstance(status, dict)
+    }
+
+
+def _finish_tracks(tracks: dict[str, Track], entries: list, signatures: dict[str, Signature]) -> None:
+    """Drop empty tracks, merge coalesced ops, and note each all_to_all's own totals."""
     has_all_to_all = any(key.startswith(_ALL_TO_ALL) for key in signatures)
     for pg in list(tracks):
         track = tracks[pg]
@@ -370,14 +360,41 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
             if key.startswith(_ALL_TO_ALL):  # the key leaves sizes out: take this rank's own from its entry
                 own = _signature([("all_to_all", entries[track.indices[i]])])
                 track.a2a_numel[track.seqs[i]] = (own.input_numel, own.output_numel)
-    if pending:
-        # An op still pending after its timeout, measured against the latest moment this rank recorded anything.
+
+
+def _past_their_timeout(ext: _Extract, entries: list) -> list[tuple[str, int]]:
+    """Ops still pending after their timeout, measured against the latest moment this rank recorded anything."""
+    timed_out = list(ext.timed_out)
+    if ext.pending:
+        latest_ns = ext.latest_ns
         if latest_ns is None:
             latest_ns = _latest_stamp(map(methodcaller("get", name), entries) for name in _STAMP_NAMES)
-        for pg, seq, created, timeout_ms in pending:
+        for pg, seq, created, timeout_ms in ext.pending:
             if created and timeout_ms > 0 and latest_ns - created > timeout_ms * 1_000_000:
                 timed_out.append((pg, seq))
+    return timed_out
 
+
+def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
+    """Turn one rank's dump (already decoded) into records. Raises ValueError with the reason."""
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a {type(data).__name__}, not the dict a flight-recorder dump is")
+    problem = _version_problem(data.get("version"))
+    if problem:
+        raise ValueError(problem)
+    rank, rank_from = _rank_of(data, rank_hint)
+    entries = data.get("entries") or []
+    _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
+    if not isinstance(entries, list):
+        raise ValueError("its `entries` is not a list")
+    pg_config, ranks_text, nameless_ranks = _pg_config(data)
+    try:
+        ext = _extract_columns(entries)
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+        ext = None  # an odd layout: the per-entry path says what is wrong with it, as it always did
+    if ext is None:
+        ext = _extract_per_entry(entries)
+    _finish_tracks(ext.tracks, entries, ext.signatures)
     if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
         ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
         _sent_ranks.update(ranks_text)
@@ -386,18 +403,18 @@ def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
         rank=rank,
         rank_from=rank_from,
         version=str(data.get("version")),
-        backend=backend,
-        has_frames=has_frames,
+        backend=ext.backend,
+        has_frames=ext.has_frames,
         entry_count=len(entries),
         first_record_id=_int(entries[0].get("record_id"), 0) if entries else None,
         pg_config=pg_config,
-        pg_ids=pg_ids,
-        pg_desc=pg_desc,
-        pg_status=pg_status,
-        tracks=tracks,
-        p2p=p2p,
-        signatures=signatures,
-        timed_out=timed_out,
+        pg_ids=ext.pg_ids,
+        pg_desc=ext.pg_desc,
+        pg_status=_pg_status(data),
+        tracks=ext.tracks,
+        p2p=ext.p2p,
+        signatures=ext.signatures,
+        timed_out=_past_their_timeout(ext, entries),
         ranks_text=ranks_text,
         nameless_ranks=nameless_ranks,
     )
@@ -428,7 +445,6 @@ def _extract_per_entry(entries: list) -> _Extract:
     has_frames = False
     pending: list[tuple[str, int, int, int]] = []  # (pg, seq, created, timeout_ms)
     key_cache = _key_cache
-    site_of_frame = _site_of_frame
     last_pg: Any = None
     last_fields: tuple | None = None
     last_key = ""
@@ -473,15 +489,8 @@ def _extract_per_entry(entries: list) -> _Extract:
         seq = entry.get("collective_seq_id")
         state = entry.get("state", "")
         frames = entry.get("frames")
-        site = None
-        if frames:
-            has_frames = True
-            for frame in frames:  # innermost first; frame dicts are shared, so each is judged once
-                site = site_of_frame.get(id(frame), _UNSEEN)
-                if site is _UNSEEN:
-                    site = _judge_frame(frame)
-                if site is not None:
-                    break
+        site = _user_site(frames) if frames else None
+        has_frames = has_frames or bool(frames)
         track.seqs.append(seq if type(seq) is int else _int(seq))
         track.keys.append(key)
         track.states.append(state)
@@ -523,6 +532,66 @@ def _runs(column: list | tuple) -> list[tuple[int, int]]:
     return list(zip(starts, [*starts[1:], len(column)], strict=True))
 
 
+def _fetch_columns(entries: list) -> tuple[list, list | None] | None:
+    """The fields every entry has, column by column (and its time stamps when all entries have them)."""
+    try:
+        try:
+            columns = list(zip(*map(_COLUMNS_AND_STAMPS, entries), strict=True))
+            return columns[: len(_COLUMN_NAMES)], columns[len(_COLUMN_NAMES) :]
+        except KeyError:  # an older dump without some time stamp: they are read one by one if needed
+            return list(zip(*map(_COLUMNS, entries), strict=True)), None
+    except (KeyError, TypeError):
+        return None
+
+
+def _groups_of(entries: list, groups: tuple, single: bool) -> tuple[list[str], dict[str, str], dict[str, str]]:
+    """Each entry's group name, and the groups' descriptions and ids, in order of first sight."""
+    pg_names = [str(groups[0][0])] if single else list(map(str, map(itemgetter(0), groups)))
+    pg_desc: dict[str, str] = {}
+    pg_ids: dict[str, str] = {}
+    for raw in dict.fromkeys(pg_names):
+        first = 0 if single else pg_names.index(raw)
+        group = groups[first]
+        pg = _interned(raw)
+        pg_desc[pg] = str(group[1]) if len(group) > 1 else ""
+        pg_ids[pg] = str(entries[first].get("pg_id", pg))
+    return pg_names, pg_desc, pg_ids
+
+
+def _keys_by_run(entries: list, coll, fields: list) -> tuple[list[str], dict[str, Signature], str]:
+    """Comparison keys, one per run of equal (name, sizes, dtypes); the signatures met; the backend."""
+    signatures: dict[str, Signature] = {}
+    backend = ""
+    keys: list[str] = []
+    key_cache = _key_cache
+    for a, b in _runs(fields):
+        raw = f"{fields[a]}"
+        key = key_cache.get(raw)
+        if key is None:
+            key = key_cache[raw] = _new_key(entries[coll[a]], str(fields[a][0]))
+        if key not in signatures:
+            signatures[key] = _signature_of[key]
+            if not backend:
+                backend = _split_name(str(fields[a][0]))[0]
+        keys += repeat(key, b - a)
+    return keys, signatures, backend
+
+
+def _tracks_of(pg_names: list[str], single: bool, coll, seqs, keys, states, sites) -> dict[str, Track]:
+    if single:
+        return {_interned(pg_names[0]): Track(seqs, keys, states, sites, list(coll))} if len(coll) else {}
+    positions: dict[str, list[int]] = {}
+    for p, index in enumerate(coll):
+        positions.setdefault(pg_names[index], []).append(p)
+    return {
+        _interned(raw): Track(
+            [seqs[p] for p in pos], [keys[p] for p in pos], [states[p] for p in pos], [sites[p] for p in pos],
+            [coll[p] for p in pos],
+        )
+        for raw, pos in positions.items()
+    }  # fmt: skip
+
+
 def _extract_columns(entries: list) -> _Extract | None:
     """The fast path of `_extract_per_entry`, with the same result, column by column.
 
@@ -532,35 +601,15 @@ def _extract_columns(entries: list) -> _Extract | None:
     an entry that is not a dict, an entry without a process group).
     """
     n = len(entries)
-    if not n:
+    fetched = _fetch_columns(entries) if n else None
+    if fetched is None:
         return None
-    stamps: list | None = None
-    try:
-        try:
-            columns = list(zip(*map(_COLUMNS_AND_STAMPS, entries), strict=True))
-            stamps = columns[len(_COLUMN_NAMES) :]
-        except KeyError:  # an older dump without some time stamp: they are read one by one if needed
-            columns = list(zip(*map(_COLUMNS, entries), strict=True))
-    except (KeyError, TypeError):
-        return None
-    groups, flags, names, in_sizes, out_sizes, in_dtypes, out_dtypes, seq_col, state_col, frame_col = columns[
-        : len(_COLUMN_NAMES)
-    ]
+    columns, stamps = fetched
+    groups, flags, names, in_sizes, out_sizes, in_dtypes, out_dtypes, seq_col, state_col, frame_col = columns
     if not all(groups):
         return None
-    # Process groups, in order of first sight (p2p entries count: they create the group's record too).
-    pg_desc: dict[str, str] = {}
-    pg_ids: dict[str, str] = {}
     single = groups.count(groups[0]) == n
-    pg_names = [str(groups[0][0])] if single else list(map(str, map(itemgetter(0), groups)))
-    for raw in dict.fromkeys(pg_names):
-        first = 0 if single else pg_names.index(raw)
-        group = groups[first]
-        pg = _interned(raw)
-        pg_desc[pg] = str(group[1]) if len(group) > 1 else ""
-        pg_ids[pg] = str(entries[first].get("pg_id", pg))
-    tracks: dict[str, Track] = {pg: Track() for pg in pg_desc}
-
+    pg_names, pg_desc, pg_ids = _groups_of(entries, groups, single)
     p2p: dict[str, list[P2POp]] = {}
     coll: list[int] | range = range(n)  # the collective entries
     if any(flags) or None in flags:
@@ -575,76 +624,26 @@ def _extract_columns(entries: list) -> _Extract | None:
             [column[i] for i in coll]
             for column in (names, in_sizes, out_sizes, in_dtypes, out_dtypes, seq_col, state_col, frame_col)
         )
-    m = len(coll)
-
-    # Comparison keys: one per run of equal (name, sizes, dtypes).
-    signatures: dict[str, Signature] = {}
-    backend = ""
-    keys: list[str] = []
     fields = list(zip(names, in_sizes, out_sizes, in_dtypes, out_dtypes, strict=True))
-    key_cache = _key_cache
-    for a, b in _runs(fields):
-        raw = f"{fields[a]}"
-        key = key_cache.get(raw)
-        if key is None:
-            key = key_cache[raw] = _new_key(entries[coll[a]], str(names[a]))
-        if key not in signatures:
-            signatures[key] = _signature_of[key]
-            if not backend:
-                backend = _split_name(str(names[a]))[0]
-        keys += repeat(key, b - a)
-
-    # Call sites: one per run of equal frame lists (equal frames give the same site).
+    keys, signatures, backend = _keys_by_run(entries, coll, fields)
     has_frames = any(frame_col)
-    sites: list[Frame | None]
-    if not has_frames:
-        sites = [None] * m
-    else:
-        sites = []
-        site_of_frame = _site_of_frame
+    sites: list[Frame | None] = [None] * len(coll) if not has_frames else []
+    if has_frames:  # one call site per run of equal frame lists (equal frames give the same site)
         for a, b in _runs(frame_col):
-            site = None
-            frames = frame_col[a]
-            if frames:
-                for frame in frames:  # innermost first; frame dicts are shared, so each is judged once
-                    site = site_of_frame.get(id(frame), _UNSEEN)
-                    if site is _UNSEEN:
-                        site = _judge_frame(frame)
-                    if site is not None:
-                        break
-            sites += repeat(site, b - a)
-
+            sites += repeat(_user_site(frame_col[a]), b - a)
     seqs = list(seq_col)
     if set(map(type, seqs)) != {int}:
         seqs = [seq if type(seq) is int else _int(seq) for seq in seqs]
     states = list(state_col)
-
     timed_out: list[tuple[str, int]] = []
     pending: list[tuple[str, int, int, int]] = []
-    for p in compress(range(m), map(ne, states, repeat("completed"))):
-        index = coll[p]
-        pg = _interned(pg_names[0 if single else index])
+    for p in compress(range(len(coll)), map(ne, states, repeat("completed"))):
+        pg, entry = _interned(pg_names[0 if single else coll[p]]), entries[coll[p]]
         if str(states[p]).startswith("timed"):
             timed_out.append((pg, seqs[p]))
         else:
-            entry = entries[index]
             pending.append((pg, seqs[p], entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0)))
-
-    if single:
-        if m:
-            tracks[_interned(pg_names[0])] = Track(seqs, keys, states, sites, list(coll))
-    else:
-        positions: dict[str, list[int]] = {}
-        for p, index in enumerate(coll):
-            positions.setdefault(pg_names[index], []).append(p)
-        for raw, pos in positions.items():
-            tracks[_interned(raw)] = Track(
-                [seqs[p] for p in pos],
-                [keys[p] for p in pos],
-                [states[p] for p in pos],
-                [sites[p] for p in pos],
-                [coll[p] for p in pos],
-            )
+    tracks = {pg: Track() for pg in pg_desc} | _tracks_of(pg_names, single, coll, seqs, keys, states, sites)
     latest_ns = _latest_stamp(stamps) if pending and stamps is not None else None
     return _Extract(tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames, latest_ns)
 

@@ -379,15 +379,19 @@ def read_trace(path: str, table: KernelTable | None = None, progress: Callable[[
             "the trace holds no events (an empty 'traceEvents'): the profiler recorded nothing; "
             "was the profiler stopped before its active steps?"
         )
-    dist = header.get("dist") or {}
-    trace.rank = _int(dist["rank"]) if "rank" in dist else rank_from_name(path, SourceKind.PROFILER_TRACE)
+    return _finish(trace, header.get("dist") or {}, backend_records)
+
+
+def _finish(trace: RankTrace, dist: dict, backend_records: list[CollectiveRecord]) -> RankTrace:
+    """After the events: the rank and group from distributedInfo, the order of ranges, each collective's kernel."""
+    trace.rank = _int(dist["rank"]) if "rank" in dist else rank_from_name(trace.path, SourceKind.PROFILER_TRACE)
     trace.world_size = _int(dist.get("world_size"), 0) or None
     trace.backend = dist.get("backend")
     trace.pg_config = dist.get("pg_config") or []
     if not trace.collectives and backend_records:
         trace.collectives = backend_records
         trace.problems.append(
-            f"{path}: no record_param_comms: collectives taken from the backend's own ranges "
+            f"{trace.path}: no record_param_comms: collectives taken from the backend's own ranges "
             f"({backend_records[0].name}, ...), without process-group names"
         )
     trace.steps.sort(key=lambda s: s[1])
