@@ -1,9 +1,11 @@
 """Category accuracy and a confusion matrix of `torchtriage triage` on labelled real logs.
 
-Usage: python benchmarks/triage_eval.py [LABELLED.jsonl ...] [--show-misses] [--json]
+Usage: python benchmarks/triage_eval.py --corpus LABELLED.jsonl [--corpus MORE.jsonl] [--show-misses] [--json]
 
-Each line of the JSONL needs `excerpt` (the log text) and `label` (the expected category); `id` and
-`key_facts` are used when present. Defaults to the development corpus beside the checkout.
+Each line of the JSONL needs `excerpt` (the log text) and `label` (the expected category); `accept` (every
+category that is a right answer), `id` and `key_facts` are used when present. The corpus is not part of
+the repository: give its path (the development corpus of this project is `shared/corpus/dev_logs.jsonl`
+beside the checkout, and is taken when it is there and no path is given).
 
 Besides accuracy it reports how many of the numbers a good diagnosis names (ranks, sequence numbers,
 sizes, timeouts, Xids — the digits in `key_facts`) the verdict carries in its facts or evidence: a
@@ -46,20 +48,46 @@ def numbers_in_excerpt_facts(row: dict) -> set[str]:
     return wanted
 
 
+def _corpus_paths(args: argparse.Namespace) -> list[Path] | None:
+    paths = list(args.corpus or []) + list(args.paths)
+    if not paths and DEFAULT_CORPUS.is_file():
+        paths = [DEFAULT_CORPUS]
+    missing = [p for p in paths if not p.is_file()]
+    if not paths or missing:
+        what = f"no such file: {', '.join(map(str, missing))}" if missing else "no corpus given"
+        print(
+            f"triage_eval: {what}. Give the labelled logs with --corpus PATH (JSON lines with `excerpt` and "
+            "`label`); the development corpus is not part of the repository.",
+            file=sys.stderr,
+        )
+        return None
+    return paths
+
+
+def right_answers(row: dict) -> list[str]:
+    """Every category that is a right verdict for this excerpt: its `accept` list, else its label."""
+    return list(row.get("accept") or [row["label"]])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("paths", nargs="*", type=Path, default=[DEFAULT_CORPUS])
+    parser.add_argument("paths", nargs="*", type=Path, help="labelled JSONL files (the same as --corpus)")
+    parser.add_argument("--corpus", action="append", type=Path, metavar="PATH", help="a labelled JSONL file")
     parser.add_argument("--show-misses", action="store_true", help="print each misclassified excerpt's verdict")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
     args = parser.parse_args()
-    rows = load(args.paths)
+    paths = _corpus_paths(args)
+    if paths is None:
+        return 2
+    rows = load(paths)
     confusion: Counter[tuple[str, str]] = Counter()
     misses = []
     wanted_total = found_total = 0
     for row in rows:
         verdict = triage_text(row["excerpt"], row["id"])
-        confusion[(row["label"], verdict.category)] += 1
-        if verdict.category != row["label"]:
+        right = verdict.category in right_answers(row)
+        confusion[(row["label"], row["label"] if right else verdict.category)] += 1
+        if not right:
             misses.append((row, verdict))
         wanted = numbers_in_excerpt_facts(row)
         carried = json.dumps(verdict.to_json()["facts"]) + " ".join(

@@ -104,3 +104,26 @@ def test_stdin_with_srun_labels_and_colour(tmp_path):
     code, verdict = triage_json("-", stdin=text)
     assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [7])
     assert verdict["sources"] == ["<stdin>"]
+
+
+def test_a_pasted_stack_without_a_rank_that_ends_inside_a_collective_is_a_hang(tmp_path):
+    # A user pastes the stack of a stuck job: no rank prefix, no exception line, the last frame a collective.
+    site = "/venv/lib/python3.11/site-packages"
+    write(
+        tmp_path,
+        "stuck.log",
+        [
+            "Traceback (most recent call last):",
+            '  File "/home/me/train.py", line 120, in <module>',
+            "    trainer.fit(model)",
+            '  File "/home/me/train.py", line 88, in save',
+            "    torch.distributed.barrier()",
+            f'  File "{site}/torch/distributed/c10d_logger.py", line 83, in wrapper',
+            "    return func(*args, **kwargs)",
+            f'  File "{site}/torch/distributed/distributed_c10d.py", line 4811, in barrier',
+        ],
+    )
+    code, verdict = triage_json(tmp_path / "stuck.log")
+    assert (code, verdict["category"]) == (exit_codes.PROBLEM_FOUND, "hang")
+    assert verdict["findings"][0]["kind"] == "hang.stack_in_collective"
+    assert "barrier" in verdict["findings"][0]["evidence"][0]["text"]

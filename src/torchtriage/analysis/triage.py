@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
 from torchtriage.analysis.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 from torchtriage.analysis.memory_facts import memory_findings
-from torchtriage.analysis.positions import innermost_user_frame
+from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
@@ -107,9 +107,9 @@ UNCAUGHT_EXCEPTION = "logs.uncaught_exception"
 
 
 def collective_of(tb: PyTraceback) -> str | None:
-    """The collective a traceback's stack is inside, if any."""
-    position = tb.position()
-    return position.op if position is not None and position.state is RankState.COLLECTIVE else None
+    """The collective a traceback's stack is inside, if any (whether or not the log says whose it is)."""
+    state, op, _ = classify_frames(tb.frames[::-1], None)
+    return op if state is RankState.COLLECTIVE else None
 
 
 def _blocked_in_collective(tb: PyTraceback, order_base: int) -> _Candidate | None:

@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
-from torchtriage.sources.registry import discover, for_reader, rank_from_name
+from torchtriage.sources.registry import discover, for_reader, not_read_here, rank_from_name
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 
 SUPPORTED_MAJOR = 2
@@ -750,10 +750,13 @@ def load_dumps(paths: list[str], jobs: int | None = None, meanwhile: Callable[[]
     files are left to the verbs that read them.
     """
     found: list[str] = []
-    files = for_reader(discover(paths, found), SourceKind.FLIGHT_RECORDER, found)
-    problems = [DumpProblem(*_split_problem(p)) for p in found]
+    inputs = discover(paths, found)
+    files = for_reader(inputs, SourceKind.FLIGHT_RECORDER, found)
+    if not files:
+        found += [f"{p}: holds no flight-recorder dump (pickle or JSON)" for p in paths if os.path.isdir(p)]
+        found += not_read_here([i for i in inputs if not i.named], (SourceKind.FLIGHT_RECORDER,))
     result = load_dump_files(files, jobs, meanwhile)
-    result.problems[:0] = problems
+    result.problems[:0] = [DumpProblem(*_split_problem(p)) for p in found]
     return result
 
 
