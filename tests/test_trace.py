@@ -299,3 +299,31 @@ def test_large_synthetic_trace_streams(tmp_path):
     trace = read_trace(str(path))
     assert trace.events == 200 * 10 + 200_000
     assert len(trace.gpu_ts) == 600 and len(trace.steps) == 200
+
+
+def test_traces_of_a_few_of_the_jobs_ranks_name_the_missing_ones(tmp_path, capsys):
+    for rank in (0, 3):  # of a world of 4 (distributedInfo)
+        _write(tmp_path, f"trace_rank{rank}.json", _synthetic_rank(rank))
+    main(["trace", str(tmp_path), "--json"])
+    verdict = json.loads(capsys.readouterr().out)
+    assert verdict["facts"]["missing_ranks"] == "ranks 1-2"
+    assert any("traces of 2 of the job's 4 ranks: ranks 1-2 missing" in p for p in verdict["problems"])
+    # Rank 3 arrives last of the two read, but among four ranks that is no proof: not "high".
+    assert verdict["culprit_ranks"] == [3] and verdict["confidence"] == "medium"
+
+
+def test_on_a_gpu_a_collective_is_timed_by_its_kernel_never_by_the_cpu_call(tmp_path):
+    ranks = [_synthetic_rank(rank, steps=2) for rank in (0, 1)]
+    # Rank 1's first all_reduce: its kernel is missing from the trace, and the CPU call that enqueued it
+    # took 50 ms (the launch queue was full). That call says nothing of how long the collective waited.
+    events = ranks[1]["traceEvents"]
+    first_comm = next(e for e in events if e["name"] == "record_param_comms")
+    first_comm["dur"] = 50_000
+    ext = first_comm["args"]["External id"]
+    events[:] = [e for e in events if not (e["cat"] == "kernel" and e["args"]["External id"] == ext)]
+    for rank, data in zip((0, 1), ranks, strict=True):
+        _write(tmp_path, f"trace_rank{rank}.json", data)
+    analysis = _analyse_folder(tmp_path)
+    first, second = analysis.collectives
+    assert first.ranks == [0] and first.last_rank is None  # only rank 0's kernel times it
+    assert set(second.ranks) == {0, 1} and max(second.durations.values()) < 1000

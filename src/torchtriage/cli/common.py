@@ -13,6 +13,11 @@ from torchtriage.errors import InputError, UsageError
 from torchtriage.model import Verdict
 
 
+def add_paths(parser: argparse.ArgumentParser, what: str, required: bool = True) -> None:
+    """The PATH... every reading verb takes: files, folders (read recursively), `.gz`; the registry sorts them."""
+    parser.add_argument("paths", nargs="+" if required else "*", metavar="PATH", help=what)
+
+
 def add_json(parser: argparse.ArgumentParser, what: str = "the verdict") -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
 

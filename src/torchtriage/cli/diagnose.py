@@ -12,17 +12,12 @@ import argparse
 from pathlib import Path
 
 from torchtriage.analysis.postmortem import diagnose_paths
-from torchtriage.cli.common import add_json, check_paths, print_verdict, verdict_exit, write_verdict
+from torchtriage.cli.common import add_json, add_paths, check_paths, print_verdict, verdict_exit, write_verdict
 from torchtriage.errors import UsageError
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "paths",
-        nargs="*",
-        metavar="PATH",
-        help="post-mortem: folders/files of stack dumps, flight-recorder dumps and logs",
-    )
+    add_paths(parser, "post-mortem: folders/files of stack dumps, flight-recorder dumps and logs", required=False)
     parser.add_argument(
         "--pid",
         type=int,

@@ -5,17 +5,14 @@ from __future__ import annotations
 import argparse
 
 from torchtriage import exit_codes
-from torchtriage.cli.common import add_json, print_verdict, verdict_exit
+from torchtriage.cli.common import add_json, add_paths, print_verdict, verdict_exit
 from torchtriage.errors import InputError, UsageError
 from torchtriage.sources.flight_recorder import load_dumps
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="dump files or folders of them (pickle or JSON, any naming: nccl_trace_rank_N, <prefix>N, host names)",
+    add_paths(
+        parser, "dump files or folders of them (pickle or JSON, any naming: nccl_trace_rank_N, <prefix>N, host names)"
     )
     add_json(parser)
     parser.add_argument(

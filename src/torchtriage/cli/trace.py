@@ -7,7 +7,7 @@ from pathlib import Path
 
 from torchtriage import exit_codes
 from torchtriage.analysis.trace import build_trace_verdict, read_traces
-from torchtriage.cli.common import add_html, add_json, check_html_target, emit, print_verdict, verdict_exit
+from torchtriage.cli.common import add_html, add_json, add_paths, check_html_target, emit, print_verdict, verdict_exit
 from torchtriage.cli.progress import counting
 from torchtriage.errors import InputError
 from torchtriage.model import SourceKind
@@ -16,12 +16,7 @@ from torchtriage.sources.registry import discover, for_reader
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="Chrome traces from torch.profiler (.json or .json.gz), one per rank, or folders of them",
-    )
+    add_paths(parser, "Chrome traces from torch.profiler (.json or .json.gz), one per rank, or folders of them")
     add_json(parser, "the verdict and every number")
     add_html(parser, "a self-contained HTML page with the plots")
 

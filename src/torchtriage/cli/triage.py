@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 
 from torchtriage.analysis.pipeline import triage_paths
-from torchtriage.cli.common import add_json, print_verdict, verdict_exit
+from torchtriage.cli.common import add_json, add_paths, print_verdict, verdict_exit
 from torchtriage.errors import UsageError
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "paths",
-        nargs="+",
-        metavar="PATH",
-        help="log files, folders (read recursively), .gz logs, or - for standard input",
-    )
+    add_paths(parser, "log files, folders (read recursively), .gz logs, or - for standard input")
     add_json(parser)
     parser.add_argument("--rules-dir", metavar="DIR", help="add the rules in DIR/*.toml to the built-in knowledge base")
 

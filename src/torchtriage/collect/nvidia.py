@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from torchtriage.errors import EnvironmentProblem, InputError
+from torchtriage.model import SourceKind
 from torchtriage.sources import nvlink as smi
+from torchtriage.sources.registry import discover
 
 SMI_TIMEOUT_S = 30.0
 NVML_TIMEOUT_S = 30.0
@@ -168,16 +170,13 @@ def _read_text(path: Path) -> str:
 def load_recorded(paths: Sequence[str]) -> smi.NvlinkInputs:
     """Inputs from captured files: `+ nvidia-smi ...` session recordings (or bare outputs), NVML JSON
     dumps (`read_nvml`'s shape), and kernel logs (dmesg output; names starting with dmesg/kern). A
-    folder contributes the files directly inside it. NVML wins over nvidia-smi text for the links."""
-    files: list[Path] = []
+    folder contributes the files in it, found by the source registry. NVML wins over nvidia-smi text for
+    the links."""
     for raw in paths:
-        path = Path(raw)
-        if path.is_dir():
-            files += sorted(p for p in path.iterdir() if p.is_file())
-        elif path.is_file():
-            files.append(path)
-        else:
+        if not Path(raw).exists():
             raise InputError(f"{raw}: no such file or folder")
+    found = discover(list(paths), [])
+    files = [Path(i.path) for i in found if i.kind in (SourceKind.NVIDIA, SourceKind.LOG, SourceKind.UNKNOWN)]
     inputs = smi.NvlinkInputs()
     nvml_gpus: list[smi.GpuRecord] | None = None
     smi_gpus: dict[int, smi.GpuRecord] = {}
