@@ -5,10 +5,10 @@ import io
 
 import pytest
 
-from torchtriage.analysis.log_records import LogRecords, read_logs
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import default_rules, required_literal
 from torchtriage.model import CATEGORIES
+from torchtriage.sources.log_records import LogRecords, read_logs
 from torchtriage.sources.registry import log_input
 
 RULES = default_rules()

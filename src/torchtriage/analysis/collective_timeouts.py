@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from torchtriage.analysis.log_records import LogEvent, LogRecords, PyTraceback
-from torchtriage.model import Evidence, Finding, RankPosition
+from torchtriage.analysis.positions import position_of
+from torchtriage.model import Evidence, Finding, RankPosition, SourceKind
 from torchtriage.ranks import format_ranks
+from torchtriage.sources.log_records import LogEvent, LogRecords, PyTraceback
 
 _MAX_EVIDENCE = 4
 TIMEOUT_KINDS = (
@@ -158,9 +159,8 @@ def latest_positions(tracebacks: list[PyTraceback]) -> dict[int, RankPosition]:
     """Each rank's position from its last traceback."""
     found: dict[int, RankPosition] = {}
     for tb in tracebacks:
-        position = tb.position()
-        if position is not None:
-            found[position.rank] = position
+        if tb.rank is not None and tb.frames:  # a traceback lists its frames outermost first
+            found[tb.rank] = position_of(tb.rank, tb.frames[::-1], active=None, source=SourceKind.LOG, file=tb.file)
     return found
 
 

@@ -6,12 +6,12 @@ import io
 from pathlib import Path
 
 from torchtriage.analysis.fusion import verdict_of
-from torchtriage.analysis.log_records import LogRecords, read_logs
 from torchtriage.analysis.triage import assess_logs
 from torchtriage.errors import InputError
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import RuleError, default_rules, with_extra_rules
 from torchtriage.model import Assessment, SourceKind, Verdict
+from torchtriage.sources.log_records import LogRecords, read_logs
 from torchtriage.sources.registry import Input, discover, log_input, not_read_here
 
 _default_matcher: Matcher | None = None

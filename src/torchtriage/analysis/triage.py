@@ -16,12 +16,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
-from torchtriage.analysis.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
+from torchtriage.sources.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 
 _MAX_EVIDENCE = 4
 # Exceptions a launcher raises about its children: never the cause, always a report of it.

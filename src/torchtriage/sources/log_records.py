@@ -1,8 +1,9 @@
 """From log artifacts to typed records: rule events, Python tracebacks, torchrun's failure report.
 
-This is the only module of the triage path that reads files. It keeps small per-file state for the
-two multi-line structures that matter (a traceback, an entry of torchrun's report) and attributes
-every record to a rank: the launcher's line prefix first, then the file name, then the message.
+Nothing here judges: the triage engine (analysis/triage.py) reasons over these records. The reader
+keeps small per-file state for the two multi-line structures that matter (a traceback, an entry of
+torchrun's report) and attributes every record to a rank: the launcher's line prefix first, then the
+file name, then the message.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import Rule
-from torchtriage.model import Frame, RankPosition, SourceKind
+from torchtriage.model import Frame
 from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, scan_lines
 from torchtriage.sources.registry import Input, open_input
@@ -43,14 +44,6 @@ class PyTraceback:
     message: str = ""
     exception_line: int | None = None
     time: float | None = None
-
-    def position(self) -> RankPosition | None:
-        """Where its rank was when the traceback was printed (None without a rank or frames)."""
-        from torchtriage.analysis.positions import position_of
-
-        if self.rank is None or not self.frames:
-            return None
-        return position_of(self.rank, self.frames[::-1], active=None, source=SourceKind.LOG, file=self.file)
 
 
 @dataclass
