@@ -171,6 +171,3 @@ def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None, skip: 
     found = gather(list(paths) + list(extra_logs or []), skip)
     return analyse_run(found).verdict
 
-
-def diagnose_folder(folder: str | Path) -> Verdict:
-    return diagnose_paths([str(folder)])
