@@ -466,3 +466,20 @@ def test_forked_loading_matches_serial_and_survives_a_dead_child(tmp_path, monke
 
     monkeypatch.setattr(fr, "load_one", dies_in_a_child)
     assert load_dumps([str(tmp_path)], jobs=3) == single
+
+
+def test_each_ranks_position_in_the_shared_vocabulary():
+    from torchtriage.analysis.flight_recorder import rank_positions
+    from torchtriage.model import RankState, SourceKind
+
+    positions = rank_positions(load_dumps([str(FIXTURES / "fr" / "subgroup_4r")], jobs=1))
+    where = {rank: (p.state, p.op, p.process_group, p.seq) for rank, p in positions.items()}
+    # Ranks 1 and 2 wait in the subgroup's all_reduce (pg 1, seq 3); ranks 0 and 3 went on to the world's.
+    assert where == {
+        0: (RankState.COLLECTIVE, "all_reduce", "0", 4),
+        1: (RankState.COLLECTIVE, "all_reduce", "1", 3),
+        2: (RankState.COLLECTIVE, "all_reduce", "1", 3),
+        3: (RankState.COLLECTIVE, "all_reduce", "0", 4),
+    }
+    assert {p.source for p in positions.values()} == {SourceKind.FLIGHT_RECORDER}
+    assert positions[1].user_frame.line == 63  # the subgroup all_reduce's call site

@@ -87,7 +87,7 @@ class SourceKind(_Vocabulary):
 
 
 class RankState(_Vocabulary):
-    """What a rank's main thread is doing, as its stack shows."""
+    """What a rank's main thread is doing, as its stack (or its flight recorder) shows."""
 
     COLLECTIVE = "collective"  # inside a collective or p2p op (or Work.wait)
     GPU_WAIT = "gpu_wait"  # waiting for the GPU, typically right after an asynchronous collective
@@ -97,6 +97,7 @@ class RankState(_Vocabulary):
     BLOCKED = "blocked"  # idle in a system call that is none of the above (I/O, a socket)
     COMPUTING = "computing"  # active: running Python or C code
     NO_STACK = "no_stack"  # no main thread, or no Python frame in it
+    BETWEEN = "between_collectives"  # the flight recorder saw its last collective complete: where it is, it cannot say
 
     @property
     def waiting(self) -> bool:

@@ -24,7 +24,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 from torchtriage.analysis.fusion import verdict_of
-from torchtriage.model import Assessment, Evidence, Finding, Frame, Verdict
+from torchtriage.analysis.positions import describe
+from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump, Signature, Track
 
@@ -458,6 +459,25 @@ def _last_op(dump: RankDump) -> tuple[str, int] | None:
     return (best[1], best[2]) if best else None
 
 
+def rank_positions(load: LoadResult) -> dict[int, RankPosition]:
+    """Where each rank is by its flight recorder: in its last collective, or past it if that completed."""
+    found = {}
+    for dump in load.dumps:
+        last = _last_op(dump)
+        if last is None:
+            continue
+        pg, seq = last
+        track = dump.tracks[pg]
+        sig = dump.signatures.get(track.keys[-1])
+        op = sig.op if sig is not None else "?"
+        state = RankState.BETWEEN if track.states[-1] == "completed" else RankState.COLLECTIVE
+        site = track.sites[-1]
+        found[dump.rank] = RankPosition(
+            dump.rank, state, op, site, site, SourceKind.FLIGHT_RECORDER, dump.path, process_group=pg, seq=seq
+        )
+    return dict(sorted(found.items()))
+
+
 def _describe(sig: Signature | None) -> str:
     if sig is None:
         return "?"
@@ -702,6 +722,8 @@ def assess_dumps(load: LoadResult) -> Assessment:
     for finding in findings:
         finding.category = category
     facts = _load_facts(load, groups, all_missing, timed_out)
+    where = rank_positions(load)
+    facts["position_by_rank"] = {str(rank): describe(p) for rank, p in list(where.items())[:64]}
     blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
     if lead is not None:
         facts.update(_lead_facts(lead, dumps, signatures))

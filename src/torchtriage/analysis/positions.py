@@ -135,6 +135,13 @@ def position_of(
     return RankPosition(rank, state, op, where, innermost_user_frame(frames), source, file, thread_name)
 
 
+def _in_group(position: RankPosition) -> str:
+    if position.process_group is None:
+        return ""
+    seq = f" seq {position.seq} of" if position.seq is not None else ""
+    return f" ({seq.strip()} pg {position.process_group})" if seq else f" (pg {position.process_group})"
+
+
 def describe(position: RankPosition, plural: bool = False) -> str:
     """The predicate after 'rank 3': 'waits in all_reduce, called from step at train.py:63'."""
     be, wait, have = ("are", "wait", "have") if plural else ("is", "waits", "has")
@@ -143,7 +150,7 @@ def describe(position: RankPosition, plural: bool = False) -> str:
     where = position.where.function if position.where else "?"
     op = position.op
     return {
-        RankState.COLLECTIVE: f"{wait} in {op}, called from {site}",
+        RankState.COLLECTIVE: f"{wait} in {op}, called from {site}" + _in_group(position),
         RankState.GPU_WAIT: f"{wait} for the GPU in {op}, called from {site}",
         RankState.DATALOADER: f"{be} {op} in the DataLoader, called from {site}",
         RankState.LOCK: f"{be} blocked on a lock ({op}) in {site}",
@@ -153,4 +160,5 @@ def describe(position: RankPosition, plural: bool = False) -> str:
         RankState.BLOCKED: f"{be} blocked in {op or where}, called from {site}",
         RankState.COMPUTING: f"{be} running {site}",
         RankState.NO_STACK: f"{have} no Python stack in {position.thread_name or 'the main thread'}",
+        RankState.BETWEEN: f"{be} between collectives (its last, {op}, completed)",
     }[position.state]
