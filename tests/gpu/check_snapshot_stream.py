@@ -39,8 +39,7 @@ def train(steps: int, max_entries: int, path: Path) -> None:
     torch.manual_seed(0)
     torch.cuda.memory._record_memory_history(max_entries=max_entries)
     blocks = [
-        torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024))
-        for _ in range(6)
+        torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)) for _ in range(6)
     ]
     model = torch.nn.Sequential(*blocks).cuda()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)

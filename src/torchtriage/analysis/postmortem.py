@@ -170,4 +170,3 @@ def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None, skip: 
     """The fused verdict of every artifact under `paths` and `extra_logs`. Raises InputError when none is readable."""
     found = gather(list(paths) + list(extra_logs or []), skip)
     return analyse_run(found).verdict
-

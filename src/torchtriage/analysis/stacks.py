@@ -200,9 +200,7 @@ def _stack_groups(
         )
     else:
         message = f"{len(groups)} stack groups: {_groups_text(groups)}"
-    return Finding(
-        "stacks.stack_groups", sorted(found), message, "symptom", "hang", _group_evidence(groups), facts
-    )
+    return Finding("stacks.stack_groups", sorted(found), message, "symptom", "hang", _group_evidence(groups), facts)
 
 
 def stacks_verdict(analysis: StackAnalysis) -> Verdict:

@@ -71,7 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return module.run(args)
     except TriageError as err:
-        print(f"torchtriage {args.verb}: {err}", file=sys.stderr)
+        from torchtriage.report.safe_text import visible_lines
+
+        print(f"torchtriage {args.verb}: {visible_lines(str(err))}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print(f"torchtriage {args.verb}: interrupted.", file=sys.stderr)
@@ -83,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001 - the user gets one line, never a traceback
         if os.environ.get("TORCHTRIAGE_DEBUG"):
             raise
+        from torchtriage.report.safe_text import visible
+
         print(
-            f"torchtriage {args.verb}: internal error: {type(err).__name__}: {err}. "
+            f"torchtriage {args.verb}: internal error: {type(err).__name__}: {visible(str(err))}. "
             "This is a bug in torchtriage; rerun with TORCHTRIAGE_DEBUG=1 for the traceback and report it.",
             file=sys.stderr,
         )

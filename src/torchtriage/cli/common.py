@@ -40,10 +40,13 @@ def check_html_target(path: str | None, example: str) -> None:
         raise UsageError(f"--html {path}: a folder; give a file name (e.g. {example}).")
 
 
-def emit(text: str) -> None:
-    """Print the output; a reader that went away (`| head`) is not an error and changes no exit code."""
+def emit(text: str, styled: bool = False) -> None:
+    """Print the output, its control characters escaped (unless `styled`: already safe, and coloured); a
+    reader that went away (`| head`) is not an error and changes no exit code."""
+    from torchtriage.report.safe_text import visible_lines
+
     try:
-        print(text)
+        print(text if styled else visible_lines(text))
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -51,9 +54,13 @@ def emit(text: str) -> None:
 
 def print_verdict(verdict: Verdict, as_json: bool, tables: str = "") -> None:
     from torchtriage.report.json_report import render_json
+    from torchtriage.report.safe_text import visible_lines
     from torchtriage.report.text import render_text
 
-    emit(render_json(verdict) if as_json else render_text(verdict) + (f"\n{tables}" if tables else ""))
+    if as_json:
+        emit(render_json(verdict), styled=True)
+    else:
+        emit(render_text(verdict) + (f"\n{visible_lines(tables)}" if tables else ""), styled=True)
 
 
 def write_verdict(verdict: Verdict, folder: Path) -> None:

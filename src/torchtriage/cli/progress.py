@@ -15,8 +15,12 @@ def counting(path: str, unit: str = "events") -> Iterator[Callable[[int], None] 
         yield None
         return
 
+    from torchtriage.report.safe_text import visible
+
+    name = visible(os.path.basename(path))
+
     def report(count: int) -> None:
-        print(f"\rreading {os.path.basename(path)}: {count:,} {unit}", end="", file=sys.stderr, flush=True)
+        print(f"\rreading {name}: {count:,} {unit}", end="", file=sys.stderr, flush=True)
 
     try:
         yield report

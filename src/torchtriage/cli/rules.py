@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 
 from torchtriage import exit_codes
+from torchtriage.cli.common import emit
 from torchtriage.errors import UsageError
 from torchtriage.knowledge.actions import placeholder_facts, render
 from torchtriage.knowledge.rules import Rule, default_rules
@@ -72,17 +73,18 @@ def run(args: argparse.Namespace) -> int:
             close = [r.id for r in rules if args.rule.lower() in r.id]
             hint = f" Did you mean: {', '.join(close[:5])}?" if close else " `torchtriage rules` lists them."
             raise UsageError(f"no rule {args.rule!r}.{hint}")
-        print(json.dumps(_as_dict(rule), indent=2) if args.json else _explain(rule))
+        emit(json.dumps(_as_dict(rule), indent=2) if args.json else _explain(rule), styled=args.json)
         return exit_codes.OK
     selected = [r for r in rules if not args.category or r.category == args.category]
     if args.json:
-        print(json.dumps([_as_dict(r) for r in selected], indent=2))
+        emit(json.dumps([_as_dict(r) for r in selected], indent=2), styled=True)
         return exit_codes.OK
     width = max((len(r.id) for r in selected), default=10)
+    lines = []
     for category in CATEGORIES:
         group = [r for r in selected if r.category == category]
         if group:
-            print(f"{category}")
-            for rule in group:
-                print(f"  {rule.id:<{width}}  {rule.title}")
+            lines.append(f"{category}")
+            lines += [f"  {rule.id:<{width}}  {rule.title}" for rule in group]
+    emit("\n".join(lines))
     return exit_codes.OK

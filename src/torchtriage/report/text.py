@@ -7,6 +7,7 @@ import sys
 
 from torchtriage.model import Verdict
 from torchtriage.ranks import format_ranks
+from torchtriage.report.safe_text import visible_copy
 
 _ROLE_LABEL = {"primary": "cause", "symptom": "symptom", "collateral": "collateral"}
 _MAX_FINDINGS = 12
@@ -31,6 +32,8 @@ def _culprit_line(verdict: Verdict) -> str:
 
 
 def render_text(verdict: Verdict, stream=None) -> str:
+    """The verdict for a terminal; every string from the inputs is shown with its control characters escaped."""
+    verdict = visible_copy(verdict)
     colour = _use_colour(stream or sys.stdout)
     bold = lambda s: _style(s, "1", colour)  # noqa: E731
     dim = lambda s: _style(s, "2", colour)  # noqa: E731

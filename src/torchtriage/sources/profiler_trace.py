@@ -30,7 +30,6 @@ _MAX_EVENT_CHARS = 64 << 20  # one event bigger than this is not truncation but 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
-
 class TraceReadError(ValueError):
     """The trace cannot be read (fully): the message names the problem; `partial` says if events were read."""
 

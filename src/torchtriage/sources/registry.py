@@ -163,6 +163,8 @@ _UNKNOWN_PICKLE = SourceType(
     "",
     _is_pickle,
 )
+
+
 def _json_document(head: Head) -> bool:
     """One JSON document, as far as its first bytes go: not JSON lines (a log), nor a log line that
     happens to start with a bracket ("[rank3]: ...", "[1,3]<stderr>: ..."). A `.json` file that starts
