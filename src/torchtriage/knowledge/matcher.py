@@ -8,6 +8,17 @@ from torchtriage.knowledge.prefilter import STRUCTURE_MARKERS, compile_prefilter
 from torchtriage.knowledge.rules import Rule
 
 
+def _first_match(pattern, text: str, unless: tuple):
+    """The first match of `pattern` in `text` that none of the `unless` patterns finds in."""
+    if not unless:
+        return pattern.search(text)
+    for found in pattern.finditer(text):
+        matched = found.group(0)
+        if not any(veto.search(matched) for veto in unless):
+            return found
+    return None
+
+
 @dataclass(frozen=True)
 class RuleMatch:
     rule: Rule
@@ -49,7 +60,7 @@ class Matcher:
         matches = []
         for rule in candidates.values():
             for pattern in rule.patterns:
-                found = pattern.search(text)
+                found = _first_match(pattern, text, rule.unless)
                 if found:
                     facts = {k: v.strip() for k, v in found.groupdict().items() if v is not None}
                     if rule.accepts(facts):

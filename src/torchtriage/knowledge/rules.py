@@ -20,8 +20,10 @@ import re
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
+from typing import Any
 
 from torchtriage.knowledge.actions import ActionTemplate
+from torchtriage.knowledge.linear_regex import compile_linear
 from torchtriage.knowledge.loader import (
     INTEGER,
     KNOWLEDGE_DIR,
@@ -44,6 +46,7 @@ RuleError = KnowledgeError  # the name callers have always caught
 _REQUIRED = {"id": STRING, "category": STRING, "title": STRING, "role": STRING, "cause": STRING, "source": STRING}
 _OPTIONAL = {
     "patterns": STRINGS,
+    "unless": STRINGS,
     "anchors": STRINGS,
     "found_by": STRING,
     "actions": TABLES,
@@ -66,10 +69,13 @@ class Rule:
     role: str
     cause: str
     source: str
-    patterns: tuple[re.Pattern[str], ...]
+    patterns: tuple[Any, ...]  # compiled for linear time (knowledge.linear_regex)
     anchors: tuple[str, ...]
     actions: tuple[ActionTemplate, ...]
     priority: int = 50
+    # Patterns that veto a match: a pattern's match whose text one of these finds is not this failure mode
+    # (the search goes on after it). They say what a lookaround would, in linear time.
+    unless: tuple[Any, ...] = ()
     examples: tuple[str, ...] = ()
     example_facts: dict[str, str] = field(default_factory=dict)
     # Categories whose presence (on any rank) makes this rule's lines the aftermath, not the cause:
@@ -158,13 +164,8 @@ def _ratio(raw: dict | None, where: str) -> tuple[str, str, float] | None:
         raise RuleError(f"{where}: `ratio` needs numerator, denominator and at_least") from None
 
 
-def _patterns(raw: dict, where: str) -> tuple[list[re.Pattern[str]], list[str]]:
-    patterns = []
-    for text in raw.get("patterns", []):
-        try:
-            patterns.append(re.compile(text))
-        except re.error as err:
-            raise RuleError(f"{where}: pattern {text!r} does not compile: {err}") from None
+def _patterns(raw: dict, where: str) -> tuple[list[Any], list[str]]:
+    patterns = [compile_linear(text, where) for text in raw.get("patterns", [])]
     anchors = list(raw.get("anchors", []))
     if patterns and not anchors:
         for text in raw["patterns"]:
@@ -204,6 +205,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         cause=raw["cause"].strip(),
         source=raw["source"],
         patterns=tuple(patterns),
+        unless=tuple(compile_linear(text, f"{where}, unless") for text in raw.get("unless", [])),
         anchors=tuple(dict.fromkeys(anchors)),
         actions=_actions(raw.get("actions", []), where),
         priority=int(raw.get("priority", 50)),
