@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import pickle
@@ -421,29 +422,32 @@ def _mixed_entries():
 def test_column_path_reads_like_the_per_entry_path():
     from torchtriage.sources import flight_recorder as fr
 
-    dumps = [{"version": "2.10", "entries": _mixed_entries()}]
+    mixed_data = {"version": "2.10", "entries": _mixed_entries()}
+    dumps = [(mixed_data, len(pickle.dumps(mixed_data)))]
     for path in sorted(FR.rglob("*")) + sorted(H200.rglob("*")):
         if path.is_file():
+            raw = path.read_bytes()
+            raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
             try:
-                dumps.append(fr.decode(path.read_bytes()))
+                dumps.append((fr.decode(raw), len(raw)))
             except ValueError:
                 continue
     fast_used = 0
-    for data in dumps:
+    for data, size in dumps:
         if not isinstance(data, dict) or "entries" not in data:
             continue
         fast_used += fr._extract_columns(data["entries"]) is not None
-        fast = fr.parse_dump("x", data, 3)
+        fast = fr.parse_dump("x", data, 3, size)
         original = fr._extract_columns
         try:
             fr._extract_columns = lambda entries: None
-            slow = fr.parse_dump("x", data, 3)
+            slow = fr.parse_dump("x", data, 3, size)
         finally:
             fr._extract_columns = original
         assert fast == slow
     assert fast_used >= 10
-    assert fr._extract_columns(dumps[0]["entries"]) is not None
-    mixed = fr.parse_dump("x", dumps[0], 0)
+    assert fr._extract_columns(dumps[0][0]["entries"]) is not None
+    mixed = fr.parse_dump("x", *dumps[0][:1], 0, dumps[0][1])
     assert list(mixed.tracks) == ["0", "1"] and list(mixed.p2p) == ["0"]
     assert ("0", 10) in mixed.timed_out and ("0", 12) in mixed.timed_out
 

@@ -172,7 +172,10 @@ def collective_disagreement(
     reps = [(members[0], _seq_lookup(members[0]), [v.rank for v in members]) for members in classes.values()]
     last = max((v.hi for v in views), default=0)
     if len(reps) > 1:
-        for seq in range(common, last + 1):
+        # Only a seq some rank recorded can have two sides (elsewhere every rank is absent or unknown), so
+        # the walk covers those: never the span up to a counter, which a dump may set to anything.
+        recorded = sorted({seq for _, lookup, _ in reps for seq in lookup if common <= seq <= last})
+        for seq in recorded:
             sides: dict[str, list[int]] = defaultdict(list)
             for view, lookup, ranks in reps:
                 value = _value_at(view, seq, lookup)

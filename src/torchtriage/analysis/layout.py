@@ -26,6 +26,7 @@ from torchtriage.knowledge.loader import (
     check_table,
     read_toml,
 )
+from torchtriage.sources.fields import as_int, describe
 
 RULES_FILE = KNOWLEDGE_DIR / "layouts.toml"
 SCHEMA = "torchtriage.layout/1"
@@ -304,6 +305,9 @@ CONFIG_KEYS = {
 }
 
 
+_LARGEST_SETTING = 1 << 31  # no world, node or parallel degree comes near
+
+
 def layout_fields_from_config(data: Any, source: str) -> dict[str, int]:
     """The layout settings found in a parsed config: top-level keys, or under a `parallelism` table."""
     if not isinstance(data, dict):
@@ -314,27 +318,30 @@ def layout_fields_from_config(data: Any, source: str) -> dict[str, int]:
             merged |= data[table]
     fields: dict[str, int] = {}
     for key, value in merged.items():
-        name = CONFIG_KEYS.get(str(key).lower())
+        if not isinstance(key, str):
+            continue  # a config's settings are named; YAML also allows lists and maps as keys
+        name = CONFIG_KEYS.get(key.lower())
         if name is None or value is None:
             continue
-        if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, str) and value.strip().isdigit():
-                value = int(value)
-            else:
-                raise InputError(f"{source}: {key} must be a positive integer, got {value!r}")
+        number = as_int(value.strip() if isinstance(value, str) else value, -1, 1, _LARGEST_SETTING)
+        if number < 0:
+            raise InputError(
+                f"{source}: {key[:80]} must be a positive integer (at most {_LARGEST_SETTING:,}), got {describe(value)}"
+            )
+        value = number
         fields[name] = value
     return fields
 
 
 def parse_config_text(text: str, source: str) -> Any:
     """JSON always; YAML when PyYAML is installed (a .json file, or text starting with `{`, is JSON)."""
-    import json
+    from torchtriage.sources.fields import strict_json
 
     if source.endswith(".json") or text.lstrip().startswith("{"):
         try:
-            return json.loads(text)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{source}: not valid JSON ({err})") from None
+            return strict_json(text)
+        except ValueError as err:
+            raise InputError(f"{source}: {err}") from None
     try:
         import yaml
     except ImportError:
@@ -346,3 +353,7 @@ def parse_config_text(text: str, source: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise InputError(f"{source}: not valid YAML ({str(err).splitlines()[0]})") from None
+    except RecursionError:
+        raise InputError(f"{source}: its YAML is nested too deep to be a config") from None
+    except ValueError:  # an integer of thousands of digits
+        raise InputError(f"{source}: its YAML holds an integer of thousands of digits, which no config has") from None

@@ -25,7 +25,8 @@ def parse_size(text: str) -> int | None:
         return None
     unit = match.group("unit").upper()
     scale = 1 if unit.startswith("BYTE") else _UNITS.get(unit[0] if unit[0] in _UNITS else "", 1)
-    return int(float(match.group("number")) * scale)
+    size = float(match.group("number")) * scale
+    return int(size) if size < 2.0**63 else None  # a size past any memory is not a size
 
 
 def _gib(value: int) -> str:

@@ -29,6 +29,7 @@ from torchtriage.errors import InputError
 from torchtriage.knowledge.kernels import COMMUNICATION, COMPUTE, KIND_NAMES, MEMORY, KernelTable, kernel_table
 from torchtriage.model import Assessment, Category, Confidence, Evidence, Finding, Verdict
 from torchtriage.ranks import format_ranks
+from torchtriage.sources import limits
 from torchtriage.sources.profiler_trace import RankTrace, TraceReadError, read_trace
 
 # A collective whose ranks' durations differ by less than this has no meaningful "last arrival".
@@ -437,13 +438,10 @@ def _ranked(traces: list[RankTrace], problems: list[str]) -> list[RankTrace]:
     return usable
 
 
-_MAX_WORLD = 1 << 20  # a larger world size in a trace is garbage, not a job
-
-
 def _missing_ranks(traces: list[RankTrace]) -> list[int]:
     """The ranks of the job (its world size, from distributedInfo) that no trace was read for."""
     world = max((t.world_size or 0 for t in traces), default=0)
-    if not 0 < world <= _MAX_WORLD:
+    if not 0 < world <= limits.active().rank + 1:  # a larger world size in a trace is garbage, not a job
         return []
     read = {t.rank for t in traces}
     return [rank for rank in range(world) if rank not in read]

@@ -69,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         return exit_codes.USAGE
     module = importlib.import_module(f"torchtriage.cli.{VERBS[args.verb][0]}")
     try:
+        if getattr(args, "limit", None):
+            from torchtriage.cli.common import apply_limits
+
+            apply_limits(args.limit)
         return module.run(args)
     except TriageError as err:
         from torchtriage.report.safe_text import visible_lines

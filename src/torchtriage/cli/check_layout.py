@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
 from torchtriage import exit_codes
 from torchtriage.analysis.layout import (
@@ -13,18 +11,18 @@ from torchtriage.analysis.layout import (
     layout_fields_from_config,
     parse_config_text,
 )
-from torchtriage.cli.common import emit
-from torchtriage.errors import InputError, UsageError
+from torchtriage.cli.common import add_limits, emit
+from torchtriage.errors import UsageError
+from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import layout_text
+from torchtriage.sources.fields import as_int, describe
+from torchtriage.sources.streams import read_text
 
 
 def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    value = as_int(text.strip(), -1, 1, 1 << 31)
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a positive integer (at most 2^31), got {describe(text)}")
     return value
 
 
@@ -51,6 +49,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         "tp_size / tensor_model_parallel_size, ep_size, expert_tp_size, ...); flags override it",
     )
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
+    add_limits(parser)
     parser.epilog = "exit codes:\n  0  accepted (warnings allowed)\n  1  rejected\n  2  usage error\n" + (
         "  3  the config file is unreadable or invalid"
     )
@@ -59,11 +58,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 def layout_from_args(args: argparse.Namespace) -> Layout:
     fields: dict[str, int] = {}
     if args.config:
-        path = Path(args.config)
-        try:
-            text = path.read_text()
-        except OSError as err:
-            raise InputError(f"{args.config}: cannot read ({err.strerror or err})") from None
+        text = read_text(args.config, "the config")
         fields = layout_fields_from_config(parse_config_text(text, args.config), args.config)
     for name in ("world_size", "gpus_per_node", "nvlink_domain", "dp", "tp", "pp", "cp", "ep", "etp", "num_experts"):
         value = getattr(args, name)
@@ -83,5 +78,5 @@ def layout_from_args(args: argparse.Namespace) -> Layout:
 
 def run(args: argparse.Namespace) -> int:
     report = check_layout(layout_from_args(args))
-    emit(json.dumps(report.to_json(), indent=2) if args.json else layout_text(report))
+    emit(json_text(report.to_json()) if args.json else layout_text(report))
     return exit_codes.OK if report.accepted else exit_codes.PROBLEM_FOUND

@@ -16,6 +16,33 @@ from torchtriage.model import Verdict
 def add_paths(parser: argparse.ArgumentParser, what: str, required: bool = True) -> None:
     """The PATH... every reading verb takes: files, folders (read recursively), `.gz`; the registry sorts them."""
     parser.add_argument("paths", nargs="+" if required else "*", metavar="PATH", help=what)
+    add_limits(parser)
+
+
+def add_limits(parser: argparse.ArgumentParser) -> None:
+    """--limit NAME=VALUE, for every verb that reads files (sources.limits holds the defaults)."""
+    parser.add_argument(
+        "--limit",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="raise (or lower) what one input may cost to read: bytes=512M (a file read whole, after "
+        "decompression), stream-bytes=64G (a log, trace or snapshot), items=200M, depth=200, rank=1048575; "
+        "repeatable (docs/security.md)",
+    )
+
+
+def apply_limits(specs: Iterable[str]) -> None:
+    """Put the --limit values in force for this process; a malformed one is a usage error."""
+    from torchtriage.sources import limits
+
+    current = limits.active()
+    for spec in specs:
+        try:
+            current = limits.parse_limit(spec, current)
+        except ValueError as err:
+            raise UsageError(f"{err}.") from None
+    limits.activate(current)
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the verdict") -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -27,6 +26,7 @@ from torchtriage import exit_codes
 from torchtriage.analysis.pipeline import triage_paths
 from torchtriage.errors import EnvironmentProblem, UsageError
 from torchtriage.model import Verdict
+from torchtriage.report.json_report import json_text
 from torchtriage.report.text import render_text
 
 JOB = Path(__file__).resolve().parent.parent / "demo" / "skip_collective.py"
@@ -179,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     if args.part in ("live", "both"):
         verdicts["live"] = _live(args, out_dir, quiet)
     if args.json:
-        print(json.dumps({part: v.to_json() for part, v in verdicts.items()}, indent=2, default=str))
+        print(json_text({part: v.to_json() for part, v in verdicts.items()}))
     wrong = {part: v.culprit_ranks for part, v in verdicts.items() if v.culprit_ranks != [args.culprit]}
     if not wrong:
         _say(f"\nThe injected culprit was rank {args.culprit}: every diagnosis names it.", quiet)

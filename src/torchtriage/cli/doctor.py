@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 
 from torchtriage import exit_codes
 from torchtriage.cli.common import emit
 from torchtriage.errors import EnvironmentProblem, UsageError
+from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import doctor_text
 
 
@@ -51,5 +51,5 @@ def run(args: argparse.Namespace) -> int:
         if int(os.environ["RANK"]) != 0:
             return exit_codes.PROBLEM_FOUND if doctor.overall(checks) == "fail" else exit_codes.OK
     out = doctor.report(checks, facts, differences)
-    emit(json.dumps(out, indent=2, default=str) if args.json else doctor_text(checks))
+    emit(json_text(out) if args.json else doctor_text(checks))
     return exit_codes.PROBLEM_FOUND if out["status"] == "fail" else exit_codes.OK

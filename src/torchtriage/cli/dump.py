@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from torchtriage import exit_codes
@@ -11,6 +10,7 @@ from torchtriage.cli.common import emit
 from torchtriage.collect.capture import DEFAULT_DUMP_TIMEOUT_S, CaptureResult, capture_stacks, default_out_dir
 from torchtriage.collect.pyspy import sigterm_as_interrupt
 from torchtriage.errors import UsageError
+from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import capture_summary
 
 INTERRUPTED = 130  # the shell's code for Ctrl-C
@@ -61,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}.")
     with sigterm_as_interrupt():
         result = capture_stacks(args.pid, args.out, native=args.native, timeout_s=args.timeout)
-    emit(json.dumps(result.to_json(), indent=2) if args.json else capture_summary(result, "captured the stacks of"))
+    emit(json_text(result.to_json()) if args.json else capture_summary(result, "captured the stacks of"))
     return exit_code(result)

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from torchtriage.analysis.memory import analyse_snapshot, build_memory_verdict, compare_reports, read_snapshot
-from torchtriage.cli.common import add_html, add_json, check_html_target, emit, print_verdict, verdict_exit
+from torchtriage.cli.common import add_html, add_json, add_limits, check_html_target, emit, print_verdict, verdict_exit
 from torchtriage.cli.progress import counting
 from torchtriage.errors import InputError
 from torchtriage.model import SourceKind, Verdict
@@ -25,6 +25,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         help="a later snapshot of the same job: show what grew, by allocation site (SNAPSHOT is the earlier one)",
     )
     add_html(parser, "a self-contained HTML page: allocation timeline and bytes by site (of SNAPSHOT, and OTHER)")
+    add_limits(parser)
 
 
 def _write_html(path: str, verdict: Verdict, snapshots: list) -> None:

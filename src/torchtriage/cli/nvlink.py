@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from torchtriage import exit_codes
 from torchtriage.analysis.nvlink import UNHEALTHY, analyse
-from torchtriage.cli.common import emit
+from torchtriage.cli.common import add_limits, emit
+from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import nvlink_text
 
 
@@ -23,6 +23,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         "-q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER; bare, or after `+ nvidia-smi ...` lines), an NVML JSON dump, "
         "a dmesg log; a folder means the files in it (repeatable)",
     )
+    add_limits(parser)
     parser.epilog = (
         "exit codes:\n  0  healthy, or only marginal links (FEC or replay is absorbing errors)\n"
         "  1  something is unhealthy: a link down or with hard errors, a GPU with fewer links than its peers,\n"
@@ -36,5 +37,5 @@ def run(args: argparse.Namespace) -> int:
 
     inputs = nvidia.load_recorded(args.recorded) if args.recorded else nvidia.gather_live()
     report = analyse(inputs)
-    emit(json.dumps(report.to_json(), indent=2, default=str) if args.json else nvlink_text(report, args.per_link))
+    emit(json_text(report.to_json()) if args.json else nvlink_text(report, args.per_link))
     return exit_codes.PROBLEM_FOUND if report.status == UNHEALTHY else exit_codes.OK

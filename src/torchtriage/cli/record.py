@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from torchtriage.cli.common import emit
 from torchtriage.cli.dump import add_targeting, exit_code
 from torchtriage.collect.capture import RECORD_SLACK_S, record_profiles
 from torchtriage.collect.pyspy import sigterm_as_interrupt
 from torchtriage.errors import UsageError
+from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import capture_summary
 
 
@@ -55,5 +55,5 @@ def run(args: argparse.Namespace) -> int:
             nonblocking=args.nonblocking,
             timeout_s=args.timeout,
         )
-    emit(json.dumps(result.to_json(), indent=2) if args.json else capture_summary(result, "recorded"))
+    emit(json_text(result.to_json()) if args.json else capture_summary(result, "recorded"))
     return exit_code(result)

@@ -12,13 +12,14 @@ import argparse
 import time
 from pathlib import Path
 
-from torchtriage.cli.common import add_html, check_html_target, check_paths, emit, verdict_exit
+from torchtriage.cli.common import add_html, add_limits, check_html_target, check_paths, emit, verdict_exit
 from torchtriage.errors import InputError
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", metavar="DIR", help="a run folder: logs, py-spy dumps, FR dumps, traces, snapshots")
     add_html(parser, "the self-contained HTML page", required=True)
+    add_limits(parser)
 
 
 def build_report(folder: str, skip: set[str] | None = None):

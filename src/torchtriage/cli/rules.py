@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 
 from torchtriage import exit_codes
@@ -12,6 +11,7 @@ from torchtriage.errors import UsageError
 from torchtriage.knowledge.actions import placeholder_facts, render
 from torchtriage.knowledge.rules import Rule, default_rules
 from torchtriage.model import CATEGORIES
+from torchtriage.report.json_report import json_text
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
@@ -73,11 +73,11 @@ def run(args: argparse.Namespace) -> int:
             close = [r.id for r in rules if args.rule.lower() in r.id]
             hint = f" Did you mean: {', '.join(close[:5])}?" if close else " `torchtriage rules` lists them."
             raise UsageError(f"no rule {args.rule!r}.{hint}")
-        emit(json.dumps(_as_dict(rule), indent=2) if args.json else _explain(rule), styled=args.json)
+        emit(json_text(_as_dict(rule)) if args.json else _explain(rule), styled=args.json)
         return exit_codes.OK
     selected = [r for r in rules if not args.category or r.category == args.category]
     if args.json:
-        emit(json.dumps([_as_dict(r) for r in selected], indent=2), styled=True)
+        emit(json_text([_as_dict(r) for r in selected]), styled=True)
         return exit_codes.OK
     width = max((len(r.id) for r in selected), default=10)
     lines = []

@@ -6,7 +6,6 @@ memory); every call is bounded by a timeout, because a GPU falling off the bus c
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import threading
@@ -18,6 +17,7 @@ from torchtriage.errors import EnvironmentProblem, InputError
 from torchtriage.model import SourceKind
 from torchtriage.sources import nvlink as smi
 from torchtriage.sources.registry import discover
+from torchtriage.sources.streams import read_text
 
 SMI_TIMEOUT_S = 30.0
 NVML_TIMEOUT_S = 30.0
@@ -161,10 +161,7 @@ def gather_live() -> smi.NvlinkInputs:
 
 
 def _read_text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise InputError(f"{path}: cannot read ({err.strerror or err})") from None
+    return read_text(str(path))
 
 
 def load_recorded(paths: Sequence[str]) -> smi.NvlinkInputs:
@@ -185,8 +182,9 @@ def load_recorded(paths: Sequence[str]) -> smi.NvlinkInputs:
         if path.suffix == ".json" or text.lstrip().startswith("{"):
             if '"gpus"' not in text:
                 continue
-            nvml_gpus = smi.load_nvml_json(text, str(path))
-            driver = json.loads(text).get("driver")
+            data = smi.load_nvml_json(text, str(path))
+            nvml_gpus = smi.parse_nvml_dump(data, str(path))
+            driver = data.get("driver")
             inputs.driver = driver if isinstance(driver, str) else inputs.driver
             inputs.sources.append(f"nvml:{path}")
             continue

@@ -23,6 +23,7 @@ import re
 
 from torchtriage.errors import InputError
 from torchtriage.model import Frame
+from torchtriage.sources.fields import as_int
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack
 
 _THREAD = re.compile(
@@ -54,7 +55,7 @@ def parse_faulthandler(text: str, source: str = "<input>") -> ProcessStack:
         frame = _FRAME.match(line)
         if frame and ident is not None:
             frames.append(
-                Frame(frame.group("file"), int(frame.group("line")), frame.group("function"), printed_at=number)
+                Frame(frame.group("file"), as_int(frame.group("line"), 0), frame.group("function"), printed_at=number)
             )
     close()
     if not threads:

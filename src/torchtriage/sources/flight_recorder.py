@@ -26,6 +26,7 @@ import json
 import math
 import os
 import re
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import compress, repeat
@@ -34,12 +35,16 @@ from typing import Any, NamedTuple
 
 from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
+from torchtriage.sources import limits
+from torchtriage.sources.fields import as_int
+from torchtriage.sources.fr_checks import check_entries, check_header, ranks_in_text
+from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.registry import discover, for_reader, not_read_here, rank_from_name
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
+from torchtriage.sources.streams import read_whole
 
 SUPPORTED_MAJOR = 2
 _PICKLE_HEAD = re.compile(rb"\A\x80[\x02-\x05]")
-_GZIP_MAGIC = b"\x1f\x8b"
 # Ops that are p2p by name even when an old dump lacks `is_p2p`.
 _P2P_OPS = ("send", "recv")
 _ALL_TO_ALL = ("all_to_all", "alltoall")
@@ -209,10 +214,7 @@ def _version_problem(version: Any) -> str | None:
 
 
 def _int(value: Any, default: int = -1) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+    return as_int(value, default)
 
 
 # Per process: raw entry text -> comparison key, and comparison key -> the Signature it stands for.
@@ -305,6 +307,8 @@ def _rank_of(data: dict, rank_hint: int | None) -> tuple[int, str]:
             "its rank is unknown: the dump has no `rank` key and the file name carries no number "
             "(name it like nccl_trace_rank_<N>)"
         )
+    if rank_hint > limits.active().rank:
+        raise LimitExceeded(f"the rank in its file name, {rank_hint:,}, is past the largest rank accepted", "rank")
     return rank_hint, "file name"
 
 
@@ -375,18 +379,18 @@ def _past_their_timeout(ext: _Extract, entries: list) -> list[tuple[str, int]]:
     return timed_out
 
 
-def parse_dump(path: str, data: dict, rank_hint: int | None) -> RankDump:
-    """Turn one rank's dump (already decoded) into records. Raises ValueError with the reason."""
+def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankDump:
+    """Turn one rank's dump (already decoded from `size` bytes) into records. Raises ValueError with the reason."""
     if not isinstance(data, dict):
         raise ValueError(f"it holds a {type(data).__name__}, not the dict a flight-recorder dump is")
     problem = _version_problem(data.get("version"))
     if problem:
         raise ValueError(problem)
+    check_header(data, size, limits.active().rank)
     rank, rank_from = _rank_of(data, rank_hint)
     entries = data.get("entries") or []
     _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
-    if not isinstance(entries, list):
-        raise ValueError("its `entries` is not a list")
+    check_entries(entries, size)
     pg_config, ranks_text, nameless_ranks = _pg_config(data)
     try:
         ext = _extract_columns(entries)
@@ -676,14 +680,7 @@ def _parse_p2p(name: str) -> tuple[int, int] | None:
 
 
 def decode(raw: bytes) -> dict:
-    """Bytes of a dump file -> its dict (pickle or JSON, optionally gzipped). Raises ValueError."""
-    if raw.startswith(_GZIP_MAGIC):
-        import gzip  # only for gzipped dumps: most runs never need it
-
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as err:
-            raise ValueError(f"a gzip file that cannot be decompressed ({err})") from None
+    """Bytes of a dump file (un-gzipped) -> its dict (pickle or JSON). Raises ValueError."""
     if not raw:
         raise ValueError("the file is empty (did the rank die while dumping?)")
     if raw.lstrip()[:1] == b"{":
@@ -702,13 +699,18 @@ def decode(raw: bytes) -> dict:
 def load_one(path: str) -> RankDump | DumpProblem:
     """Read one file; every failure becomes a DumpProblem naming the file and the reason."""
     try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
+        raw, truncated = read_whole(path, "the dump")
     except OSError as err:
         hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
         return DumpProblem(path, f"cannot be read: {err.strerror or err}{hint}")
+    except zlib.error as err:
+        return DumpProblem(path, f"a gzip file that cannot be decompressed ({err})")
+    except ValueError as err:  # past a limit
+        return DumpProblem(path, str(err))
+    if truncated:
+        return DumpProblem(path, "the gzip file is cut off before its end (truncated while being written or copied?)")
     try:
-        return parse_dump(path, decode(raw), rank_from_name(path, SourceKind.FLIGHT_RECORDER))
+        return parse_dump(path, decode(raw), rank_from_name(path, SourceKind.FLIGHT_RECORDER), len(raw))
     except ValueError as err:
         return DumpProblem(path, str(err))
     except (TypeError, AttributeError, KeyError, IndexError) as err:
@@ -726,17 +728,7 @@ class LoadResult:
     def ranks_of(self, digest: str | None) -> tuple[int, ...] | None:
         if digest is None or digest not in self.ranks_text:
             return None
-        return parse_ranks(self.ranks_text[digest])
-
-
-_parsed_ranks: dict[str, tuple[int, ...]] = {}
-
-
-def parse_ranks(text: str) -> tuple[int, ...]:
-    if text not in _parsed_ranks:
-        body = text.strip().strip("[]()")
-        _parsed_ranks[text] = tuple(int(part) for part in body.split(",") if part.strip())
-    return _parsed_ranks[text]
+        return ranks_in_text(self.ranks_text[digest])
 
 
 # Below this many files a worker pool costs more than it saves.

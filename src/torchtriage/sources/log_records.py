@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame
+from torchtriage.sources.fields import as_int
+from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, scan_lines
 from torchtriage.sources.registry import Input, open_input
@@ -156,7 +158,9 @@ class _FileReader:
             current = self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
         if frame:
             current.frames.append(
-                Frame(frame.group("path"), int(frame.group("line")), frame.group("func") or "?", printed_at=line_no)
+                Frame(
+                    frame.group("path"), as_int(frame.group("line"), 0), frame.group("func") or "?", printed_at=line_no
+                )
             )
             return
         if text[:1].isspace():
@@ -199,12 +203,13 @@ class _FileReader:
         elif key == "rank":
             match = _REPORT_RANK.search(value)
             if match:
-                entry.rank, entry.local_rank = int(match.group("rank")), int(match.group("local_rank"))
+                entry.rank = as_int(match.group("rank"), None)  # type: ignore[arg-type]
+                entry.local_rank = as_int(match.group("local_rank"), None)  # type: ignore[arg-type]
         elif key == "exitcode":
             match = _REPORT_EXIT.match(value)
             if match:
-                entry.exit_code = int(match.group("code"))
-                entry.pid = int(match.group("pid")) if match.group("pid") else None
+                entry.exit_code = as_int(match.group("code"), None)
+                entry.pid = as_int(match.group("pid"), None) if match.group("pid") else None
         elif key == "traceback":
             entry.traceback = value
         return True
@@ -243,6 +248,10 @@ def read_logs(
                 records.problems.append(
                     f"{artifact.display}: the gzip file is cut off; reading stopped early, analysed what came before."
                 )
+        except LimitExceeded as err:
+            records.problems.append(
+                f"{artifact.display}: {err.what}; read up to the limit and analysed what came before ({err.hint})."
+            )
         except (OSError, EOFError, zlib.error) as err:
             records.problems.append(f"{artifact.display}: reading stopped early ({err}); analysed what came before.")
         finally:

@@ -16,16 +16,18 @@ Formats tolerated:
 
 from __future__ import annotations
 
-import gzip
 import io
+import zlib
 from array import array
 from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple
 
 from torchtriage.errors import InputError
+from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.pickle_stream import FlatList, SharedContainer, Sink, StreamingUnpickler
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
+from torchtriage.sources.streams import open_counted, read_whole
 
 # What each trace action does: to allocated memory (`alloc`, `free*`), to reserved memory (`segment_*`).
 ALLOC, FREE, SEGMENT_ALLOC, SEGMENT_FREE, OOM, OTHER = range(6)
@@ -410,11 +412,8 @@ def load_snapshot(path: str, fold: Fold, progress: Callable[[int], None] | None 
     `progress`, if given, is called with the number of history events read so far, every 200,000.
     """
     try:
-        with open(path, "rb") as handle:
-            head = handle.read(4096)
-            gzipped = head[:2] == b"\x1f\x8b"
-            if gzipped:
-                head = _gunzip_head(path, handle)
+        with open_counted(path, "the snapshot", streamed=True) as stream:
+            head = stream.peek(4096)[:4096]
             if head[:1] in (b"{", b"["):
                 raise InputError(
                     f"{path}: this is JSON, not a pickled memory snapshot; a profiler trace? "
@@ -422,34 +421,25 @@ def load_snapshot(path: str, fold: Fold, progress: Callable[[int], None] | None 
                 )
             if not head:
                 raise InputError(f"{path}: cannot be read as a memory snapshot: the file is empty.")
-            handle.seek(0)
-            stream: BinaryIO = gzip.GzipFile(fileobj=handle) if gzipped else handle  # type: ignore[assignment]
             # Snapshots stream; anything else (an old bare list of segments, another pickle) is small or not
             # a snapshot at all, and the C unpickler reads it faster and says what it is.
             if b"segments" in head or b"device_traces" in head:
                 try:
                     return _stream(stream, path, fold, progress)
                 except SharedContainer:
-                    handle.seek(0)
-                    stream = gzip.GzipFile(fileobj=handle) if gzipped else handle  # type: ignore[assignment]
-            data = safe_loads(stream.read())
+                    pass
+        data = safe_loads(read_whole(path, "the snapshot")[0])
     except IsADirectoryError:
         raise InputError(f"{path}: a folder; give the snapshot file (the .pickle written by _dump_snapshot).") from None
-    except (OSError, EOFError) as err:
-        if isinstance(err, gzip.BadGzipFile) or isinstance(err, EOFError):
-            raise InputError(f"{path}: a gzip file that cannot be decompressed ({err}); is it truncated?") from None
+    except (EOFError, zlib.error) as err:
+        raise InputError(f"{path}: a gzip file that cannot be decompressed ({err}); is it truncated?") from None
+    except OSError as err:
         raise InputError(f"{path}: cannot read it ({getattr(err, 'strerror', None) or err}).") from None
     except PickleError as err:
         raise InputError(f"{path}: cannot be read as a memory snapshot: {err}.") from None
+    except LimitExceeded as err:
+        raise InputError(f"{path}: {err}.") from None
     return interpret(data, path, fold)
-
-
-def _gunzip_head(path: str, handle: BinaryIO) -> bytes:
-    handle.seek(0)
-    try:
-        return gzip.GzipFile(fileobj=handle).read(4096)
-    except (OSError, EOFError) as err:
-        raise InputError(f"{path}: a gzip file that cannot be decompressed ({err}); is it truncated?") from None
 
 
 def _stream(stream: BinaryIO, path: str, fold: Fold, progress: Callable[[int], None] | None) -> MemorySnapshot:

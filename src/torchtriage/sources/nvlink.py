@@ -19,13 +19,13 @@ number (`15e-255` is not 15).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from torchtriage.errors import InputError
+from torchtriage.sources.fields import as_int, as_text, strict_json
 
 # Counter names, lower-cased, as the newer layout prints them. Any non-zero one is a hard error.
 HARD_ERROR_COUNTERS = (
@@ -140,7 +140,7 @@ def _split_gpus(text: str, what: str) -> list[tuple[int, str, str, list[str]]]:
         line = raw.rstrip()
         header = _GPU_HEADER.match(line)
         if header:
-            blocks.append((int(header.group(1)), header.group(2).strip(), header.group(3) or "", []))
+            blocks.append((as_int(header.group(1), -1), header.group(2).strip(), header.group(3) or "", []))
         elif line.strip():
             if not blocks:
                 raise InputError(f"{what}: expected a `GPU <n>: <name>` line first, found {line.strip()[:80]!r}")
@@ -150,7 +150,8 @@ def _split_gpus(text: str, what: str) -> list[tuple[int, str, str, list[str]]]:
 
 def _value(text: str) -> int | str:
     text = text.strip()
-    return int(text) if text.isdigit() else text
+    number = as_int(text, -1, 0) if text.isdigit() else -1  # a counter past 64 bits is not a counter
+    return number if number >= 0 else text
 
 
 def parse_nvlink_status(text: str, gpus: dict[int, GpuRecord] | None = None) -> dict[int, GpuRecord]:
@@ -166,7 +167,7 @@ def parse_nvlink_status(text: str, gpus: dict[int, GpuRecord] | None = None) -> 
                 if "nvlink" in line.lower() and ("not" in line.lower() or "disabled" in line.lower()):
                     continue  # "NVLink is not supported on this GPU" and similar: no links
                 raise InputError(f"nvidia-smi nvlink -s: cannot read line {line.strip()[:80]!r}")
-            link = gpu.link(int(match.group(1)))
+            link = gpu.link(as_int(match.group(1), -1))
             state = match.group(2)
             if re.search(r"\d+(\.\d+)?\s*[GM]B/s", state):
                 link.active, link.speed = True, state
@@ -189,7 +190,7 @@ def parse_nvlink_errors(text: str, gpus: dict[int, GpuRecord] | None = None) -> 
                 if "nvlink" in line.lower() and ("not" in line.lower() or "disabled" in line.lower()):
                     continue
                 raise InputError(f"nvidia-smi nvlink -e: cannot read line {line.strip()[:80]!r}")
-            add_counter(gpu.link(int(match.group(1))), counter, _value(value))
+            add_counter(gpu.link(as_int(match.group(1), -1)), counter, _value(value))
     return gpus
 
 
@@ -198,7 +199,7 @@ def add_counter(link: LinkRecord, name: str, value: int | str) -> None:
     key = " ".join(name.strip().lower().split())
     fec = _FEC_BIN.match(key)
     if fec and isinstance(value, int):
-        link.fec_bins[int(fec.group(1))] = value
+        link.fec_bins[as_int(fec.group(1), -1)] = value
     elif isinstance(value, int) and not key.startswith(INFO_COUNTER_PREFIXES):
         link.counters[key] = value
     else:
@@ -212,7 +213,7 @@ _QUERY_KV = re.compile(r"^(\s*)(.*?)\s*(?::\s*(.*?))?\s*$")
 
 def _count(value: str) -> int:
     value = value.strip()
-    return int(value) if value.isdigit() else 0
+    return as_int(value, 0, 0) if value.isdigit() else 0
 
 
 def parse_memory_query(text: str) -> list[MemoryHealth]:
@@ -441,38 +442,43 @@ def parse_nvml_dump(data: Any, what: str = "NVML dump") -> list[GpuRecord]:
     for position, raw in enumerate(data["gpus"]):
         if not isinstance(raw, dict) or not isinstance(raw.get("links", []), list):
             raise InputError(f"{what}: gpus[{position}] is not an object with a `links` list")
-        gpu = GpuRecord(int(raw.get("index", position)), str(raw.get("name", "")), str(raw.get("uuid", "")))
-        gpu.bus_id = str(raw.get("bus_id", "")) if not str(raw.get("bus_id", "")).startswith("error") else ""
+        index = as_int(raw.get("index", position), position, 0)
+        gpu = GpuRecord(index, as_text(raw.get("name")), as_text(raw.get("uuid")))
+        bus_id = as_text(raw.get("bus_id"))
+        gpu.bus_id = bus_id if not bus_id.startswith("error") else ""
         for item in raw.get("links", []):
-            if not isinstance(item, dict) or not isinstance(item.get("link"), int):
+            if not isinstance(item, dict) or as_int(item.get("link"), -1, 0, 1 << 16) < 0:
                 raise InputError(f"{what}: gpus[{position}] has a link entry without an integer `link`")
             state = item.get("state")
             if isinstance(state, str):  # the query failed: the link does not exist or is unreadable
                 continue
-            link = gpu.link(item["link"])
+            link = gpu.link(as_int(item["link"]))
             link.active = bool(state == 1)
             if "version" in item and not isinstance(item["version"], str):
                 link.info["nvlink version"] = item["version"]
             for key, name in NVML_TO_SMI.items():
-                value = item.get(key)
-                if isinstance(value, int):
+                value = as_int(item.get(key), -1, 0)
+                if value >= 0:
                     add_counter(link, name, value)
             fields = item.get("fields")
             if isinstance(fields, dict):
                 for field_name, answer in fields.items():
                     name = NVML_FIELDS.get(field_name)
                     if name and isinstance(answer, dict) and answer.get("ret") == NVML_SUCCESS:
-                        add_counter(link, name, int(answer.get("value", 0)))
+                        add_counter(link, name, as_int(answer.get("value", 0), 0))
         gpus.append(gpu)
     return gpus
 
 
-def load_nvml_json(text: str, what: str) -> list[GpuRecord]:
+def load_nvml_json(text: str, what: str) -> dict:
+    """The NVML JSON dump as a dict; InputError says what is wrong with it."""
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InputError(f"{what}: not valid JSON ({err})") from None
-    return parse_nvml_dump(data, what)
+        data = strict_json(text)
+    except ValueError as err:
+        raise InputError(f"{what}: {err}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"{what}: expected a JSON object with a `gpus` list (as `read_nvml` writes)")
+    return data
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -487,5 +493,5 @@ def parse_xids(text: str) -> list[XidEvent]:
     for number, line in enumerate(text.splitlines(), 1):
         match = _XID.search(line)
         if match:
-            events.append(XidEvent(match.group(1), int(match.group(2)), match.group(3).strip(), number))
+            events.append(XidEvent(match.group(1), as_int(match.group(2), -1), match.group(3).strip(), number))
     return events

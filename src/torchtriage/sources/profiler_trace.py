@@ -11,9 +11,9 @@ Classification of GPU activities (compute, communication, memory) is data: `know
 from __future__ import annotations
 
 import codecs
-import gzip
 import io
 import json
+import math
 import re
 import zlib
 from array import array
@@ -23,11 +23,16 @@ from typing import Any
 
 from torchtriage.knowledge.kernels import COMMUNICATION, KernelTable, kernel_table
 from torchtriage.model import SourceKind
+from torchtriage.sources import limits
+from torchtriage.sources.fields import as_int, as_text, describe, is_plain_int, json_reason
+from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.registry import rank_from_name
+from torchtriage.sources.streams import open_counted
 
 _CHUNK = 1 << 20
 _MAX_EVENT_CHARS = 64 << 20  # one event bigger than this is not truncation but garbage
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
+_TIME_RANGE = 1 << 62  # µs: beyond any clock
 
 
 class TraceReadError(ValueError):
@@ -63,7 +68,9 @@ class _Scanner:
         try:
             data = self.stream.read1(_CHUNK)
             chunk = self.decoder.decode(data, final=not data)
-        except (EOFError, gzip.BadGzipFile, zlib.error) as err:
+        except LimitExceeded as err:
+            raise TraceReadError(str(err), partial=self.events_read > 0) from None
+        except (EOFError, zlib.error) as err:
             raise TraceReadError(
                 f"the gzip stream is truncated or corrupt ({err}): the file was cut off while being written or copied",
                 partial=self.events_read > 0,
@@ -115,6 +122,10 @@ class _Scanner:
                 raise TraceReadError(
                     f"invalid JSON ({err.msg}) after {self.events_read} events", partial=self.events_read > 0
                 ) from None
+            except (ValueError, RecursionError) as err:  # an integer of thousands of digits; nesting too deep
+                raise TraceReadError(
+                    f"{json_reason(err)}, after {self.events_read} events", partial=self.events_read > 0
+                ) from None
             # A number or literal that ends exactly at the buffer's end may continue in the next chunk.
             if end == len(self.buf) and not self.eof and not isinstance(value, (dict, list, str)):
                 if self._fill():
@@ -123,22 +134,15 @@ class _Scanner:
             return value
 
 
-def _open_binary(path: str) -> io.BufferedIOBase:
-    raw = open(path, "rb")  # noqa: SIM115 - closed by stream_trace
-    if raw.peek(2)[:2] == b"\x1f\x8b":
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # closing it leaves `raw` open: stream_trace closes both
-    return raw
-
-
 def stream_trace(path: str, on_header: Callable[[str, Any], None]) -> Iterator[dict]:
     """Yield the events of `traceEvents` one by one; every other top-level key goes to `on_header`."""
     try:
-        stream = _open_binary(path)
+        stream = open_counted(path, "the trace", streamed=True)
     except IsADirectoryError:
         raise TraceReadError("a folder, not a trace file") from None
     except OSError as err:
         raise TraceReadError(f"cannot open it ({err.strerror or err})") from None
-    with stream, getattr(stream, "fileobj", None) or stream:
+    with stream:
         scanner = _Scanner(stream, path)
         first = scanner.peek()
         if first == "":
@@ -241,6 +245,7 @@ class RankTrace:
     collectives: list = field(default_factory=list)  # CollectiveRecord, CPU side
     comm_kernels: dict = field(default_factory=dict)  # external id -> (ts, dur), GPU side
     events: int = 0
+    bad_times: int = 0  # complete events whose ts or dur is not a finite number
     problems: list = field(default_factory=list)
     partial: bool = False
 
@@ -249,26 +254,37 @@ class RankTrace:
         return len(self.gpu_ts) > 0
 
 
+def _time(value: Any) -> float | None:
+    """A time stamp or duration in µs: a finite number, else None (a trace that says NaN is broken)."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if type(value) is int:
+        return float(value) if -_TIME_RANGE < value < _TIME_RANGE else None
+    return None
+
+
+def _args(event: dict) -> dict:
+    args = event.get("args")
+    return args if isinstance(args, dict) else {}
+
+
 def _int(value: Any, default: int = 0) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return default
+    return as_int(value, default)
 
 
 def _collective_from_args(name: str, args: dict, ts: float, dur: float, table: KernelTable) -> CollectiveRecord:
-    coll = str(args.get("Collective name") or name)
+    coll = as_text(args.get("Collective name")) or name
     seq = args.get("Seq") if "Seq" in args else args.get("seq")
     return CollectiveRecord(
         name=coll,
         kind=table.collective_kind(coll),
-        pg_name=str(args.get("Process Group Name", "")),
-        pg_desc=str(args.get("Process Group Description", "")),
-        pg_ranks=str(args.get("Process Group Ranks", "")),
+        pg_name=as_text(args.get("Process Group Name")),
+        pg_desc=as_text(args.get("Process Group Description")),
+        pg_ranks=as_text(args.get("Process Group Ranks")),
         group_size=_int(args.get("Group size"), 0),
         in_nelems=_int(args.get("In msg nelems")),
         out_nelems=_int(args.get("Out msg nelems")),
-        dtype=str(args.get("dtype", "")),
+        dtype=as_text(args.get("dtype")),
         ts=ts,
         dur=dur,
         external_id=_int(args.get("External id"), -1) if "External id" in args else None,
@@ -278,13 +294,13 @@ def _collective_from_args(name: str, args: dict, ts: float, dur: float, table: K
 
 def _collective_from_backend_op(name: str, args: dict, ts: float, dur: float, table: KernelTable) -> CollectiveRecord:
     nelems = 0
-    for dims in args.get("Input Dims") or ():
-        if isinstance(dims, list) and dims and all(isinstance(d, int) for d in dims):
-            count = 1
-            for d in dims:
-                count *= d
-            nelems += count
-    types = [t for t in args.get("Input type") or () if t]
+    shapes = args.get("Input Dims")
+    for dims in shapes if isinstance(shapes, list) else ():
+        if isinstance(dims, list) and dims and all(is_plain_int(d) for d in dims):
+            nelems += math.prod(dims)
+    nelems = nelems if nelems < (1 << 63) else 0  # no tensor holds more
+    names = args.get("Input type")
+    types = [as_text(t) for t in names if t] if isinstance(names, list) else []
     backend, _, op = name.partition(":")
     return CollectiveRecord(
         name=op,
@@ -295,7 +311,7 @@ def _collective_from_backend_op(name: str, args: dict, ts: float, dur: float, ta
         group_size=0,
         in_nelems=nelems,
         out_nelems=nelems,
-        dtype=str(types[0]) if types else "",
+        dtype=types[0] if types else "",
         ts=ts,
         dur=dur,
         external_id=None,
@@ -328,18 +344,17 @@ def read_trace(path: str, table: KernelTable | None = None, progress: Callable[[
                 continue
             cat = event.get("cat")
             name = event.get("name")
-            if not isinstance(name, str):
+            if not isinstance(name, str) or not isinstance(cat, (str, type(None))):
                 continue
-            try:
-                ts = float(event["ts"])
-                dur = float(event.get("dur", 0.0))
-            except (KeyError, TypeError, ValueError):
+            ts, dur = _time(event.get("ts")), _time(event.get("dur", 0.0))
+            if ts is None or dur is None:
+                trace.bad_times += 1
                 continue
             if cat in gpu_categories:
                 kind = classify(cat, name)
                 if kind is None:
                     continue
-                args = event.get("args") or {}
+                args = _args(event)
                 trace.gpu_ts.append(ts)
                 trace.gpu_end.append(ts + dur)
                 trace.gpu_kind.append(kind)
@@ -349,30 +364,36 @@ def read_trace(path: str, table: KernelTable | None = None, progress: Callable[[
                 if kind == COMMUNICATION and ext >= 0:
                     trace.comm_kernels[ext] = (ts, dur)
             elif cat in ("cuda_runtime", "cuda_driver", "hip_runtime"):
-                corr = (event.get("args") or {}).get("correlation")
+                corr = _args(event).get("correlation")
                 if corr is not None:
                     trace.launch_corr.append(_int(corr, -1))
                     trace.launch_ts.append(ts)
             elif name in record_names:
-                args = event.get("args") or {}
+                args = _args(event)
                 trace.collectives.append(_collective_from_args(name, args, ts, dur, table))
             elif name.startswith(backend_prefixes):
-                backend_records.append(_collective_from_backend_op(name, event.get("args") or {}, ts, dur, table))
+                backend_records.append(_collective_from_backend_op(name, _args(event), ts, dur, table))
             elif cat == "user_annotation":
                 match = _STEP.match(name)
                 if match:
-                    trace.steps.append((int(match.group(1)), ts, ts + dur))
+                    trace.steps.append((as_int(match.group(1), 0), ts, ts + dur))
                 else:
                     trace.annotations.append((name, ts, ts + dur))
             elif cat == "cpu_op" and name.startswith("ProfilerStep#"):
                 match = _STEP.match(name)
                 if match:
-                    trace.steps.append((int(match.group(1)), ts, ts + dur))
+                    trace.steps.append((as_int(match.group(1), 0), ts, ts + dur))
     except TraceReadError as err:
         if not trace.events:
             raise
         trace.partial = True
         trace.problems.append(f"{path}: {err}; the {trace.events} events before it were used")
+    if trace.bad_times:
+        trace.partial = True
+        trace.problems.append(
+            f"{path}: {trace.bad_times:,} complete events have a time stamp or duration that is not a finite "
+            "number (NaN, infinity, text): they were left out, so the figures miss them"
+        )
     if not trace.events:
         raise TraceReadError(
             "the trace holds no events (an empty 'traceEvents'): the profiler recorded nothing; "
@@ -383,10 +404,14 @@ def read_trace(path: str, table: KernelTable | None = None, progress: Callable[[
 
 def _finish(trace: RankTrace, dist: dict, backend_records: list[CollectiveRecord]) -> RankTrace:
     """After the events: the rank and group from distributedInfo, the order of ranges, each collective's kernel."""
-    trace.rank = _int(dist["rank"]) if "rank" in dist else rank_from_name(trace.path, SourceKind.PROFILER_TRACE)
-    trace.world_size = _int(dist.get("world_size"), 0) or None
-    trace.backend = dist.get("backend")
-    trace.pg_config = dist.get("pg_config") or []
+    named = rank_from_name(trace.path, SourceKind.PROFILER_TRACE)
+    trace.rank = as_int(dist["rank"], -1, 0, limits.active().rank) if "rank" in dist else named
+    if trace.rank == -1:
+        trace.problems.append(f"{trace.path}: its distributedInfo rank {describe(dist['rank'])} is not a rank; ignored")
+        trace.rank = named
+    trace.world_size = as_int(dist.get("world_size"), 0, 0, limits.active().rank + 1) or None
+    trace.backend = as_text(dist.get("backend")) or None
+    trace.pg_config = dist.get("pg_config") if isinstance(dist.get("pg_config"), list) else []
     if not trace.collectives and backend_records:
         trace.collectives = backend_records
         trace.problems.append(

@@ -27,11 +27,12 @@ import json
 import os
 import re
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 from torchtriage.errors import InputError
 from torchtriage.model import Frame, Local
+from torchtriage.sources.fields import as_int, as_text, describe, json_reason
 from torchtriage.sources.registry import rank_from_name
+from torchtriage.sources.streams import read_input
 
 _JSON_START = re.compile(r"\s*\[\s*([{\]]|$)")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -117,11 +118,7 @@ def parse_dump(data: bytes | str, source: str = "<input>") -> list[ProcessStack]
 
 
 def read_dump(path: str | os.PathLike) -> list[ProcessStack]:
-    try:
-        data = Path(path).read_bytes()
-    except OSError as err:
-        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
-    return parse_dump(data, str(path))
+    return parse_dump(read_input(str(path), "the dump"), str(path))
 
 
 class _TextParser:
@@ -166,7 +163,7 @@ class _TextParser:
             if m := _PYTHON.match(line):
                 version, executable = m.groups()
             elif m := _PARENT.match(line):
-                parent = int(m.group(1))
+                parent = as_int(m.group(1), None)
             elif line:
                 break
             index += 1
@@ -259,6 +256,8 @@ def parse_json(text: str, source: str = "<input>") -> list[ProcessStack]:
         at_end = err.pos >= len(text.rstrip()) - 1
         why = "it ends before the JSON does (truncated?)" if at_end else f"malformed JSON: {err.msg}"
         raise InputError(f"{source}:{err.lineno}: {why}; expected the output of `py-spy dump --json`") from None
+    except (ValueError, RecursionError) as err:
+        raise InputError(f"{source}: {json_reason(err)}; expected the output of `py-spy dump --json`") from None
     if not isinstance(data, list) or not data:
         raise InputError(f"{source}: expected a non-empty JSON list of threads, as `py-spy dump --json` writes")
     by_pid: dict[int, list[ThreadStack]] = {}
@@ -281,36 +280,65 @@ def parse_json(text: str, source: str = "<input>") -> list[ProcessStack]:
     ]
 
 
+def _json_int(value: object, where: str, name: str) -> int:
+    number = as_int(value, -1, 0)
+    if number < 0:
+        raise InputError(f"{where}: {name!r} is {describe(value)}, not a number; is this `py-spy dump --json` output?")
+    return number
+
+
+def _json_text(value: object, where: str, name: str) -> str:
+    if not isinstance(value, str):
+        raise InputError(f"{where}: {name!r} is {describe(value)}, not text; is this `py-spy dump --json` output?")
+    return as_text(value)
+
+
+def _json_locals(frame: dict, where: str) -> tuple[Local, ...]:
+    found = frame.get("locals") or ()
+    if not isinstance(found, (list, tuple)) or not all(isinstance(v, dict) for v in found):
+        raise InputError(f"{where}: 'locals' is {describe(found)}, not a list of variables")
+    return tuple(Local(as_text(v.get("name"), "?"), _repr_of(v), bool(v.get("arg"))) for v in found)
+
+
+def _repr_of(variable: dict) -> str | None:
+    shown = variable.get("repr")
+    return as_text(shown) if shown is not None else None
+
+
 def _json_thread(item: object, source: str, position: int) -> tuple[int, ThreadStack, str | None]:
     where = f"{source}: thread #{position}"
     if not isinstance(item, dict):
-        raise InputError(f"{where}: expected an object with pid, thread_id and frames, found {type(item).__name__}")
+        raise InputError(f"{where}: expected an object with pid, thread_id and frames, found {describe(item)}")
     missing = [key for key in ("pid", "thread_id", "frames") if key not in item]
     if missing:
         raise InputError(f"{where}: missing {', '.join(missing)}; is this `py-spy dump --json` output?")
     if not isinstance(item["frames"], list):
-        raise InputError(f"{where}: 'frames' is not a list")
+        raise InputError(f"{where}: 'frames' is {describe(item['frames'])}, not a list")
     frames = []
     for index, frame in enumerate(item["frames"]):
+        at = f"{where}, frame #{index}"
         if not isinstance(frame, dict) or "name" not in frame or "filename" not in frame:
-            raise InputError(f"{where}, frame #{index}: expected an object with name and filename")
-        line = int(frame.get("line") or 0)
-        file = str(frame["filename"])
+            raise InputError(f"{at}: expected an object with name and filename")
+        line = _json_int(frame.get("line") or 0, at, "line")
+        file = _json_text(frame["filename"], at, "filename")
         # Native frames name their shared library as the module; Python frames have none.
         native = frame.get("module") is not None or _is_native(file, line)
-        locals_ = tuple(Local(str(v.get("name")), v.get("repr"), bool(v.get("arg"))) for v in frame.get("locals") or ())
-        frames.append(Frame(file, line, str(frame["name"]), native, frame.get("short_filename"), locals_))
+        short = frame.get("short_filename")
+        short = _json_text(short, at, "short_filename") if short is not None else None
+        frames.append(Frame(file, line, _json_text(frame["name"], at, "name"), native, short, _json_locals(frame, at)))
     info = item.get("process_info")
     command = info.get("command_line") if isinstance(info, dict) else None
+    name = item.get("thread_name")
+    os_thread = item.get("os_thread_id")
     thread = ThreadStack(
-        thread_id=int(item["thread_id"]),
-        name=item.get("thread_name"),
+        thread_id=_json_int(item["thread_id"], where, "thread_id"),
+        name=_json_text(name, where, "thread_name") if name is not None else None,
         active=bool(item.get("active", True)),
         owns_gil=bool(item.get("owns_gil", False)),
         frames=tuple(frames),
-        os_thread_id=item.get("os_thread_id"),
+        os_thread_id=_json_int(os_thread, where, "os_thread_id") if os_thread is not None else None,
     )
-    return int(item["pid"]), thread, command
+    return _json_int(item["pid"], where, "pid"), thread, command if isinstance(command, str) else None
 
 
 def read_rank_dump(path: str | os.PathLike, rank: int | None = None) -> tuple[int, ProcessStack]:

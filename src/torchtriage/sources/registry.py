@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from torchtriage.model import SourceKind
-from torchtriage.sources.streams import Replay, TolerantGunzip
+from torchtriage.sources.fields import as_int
+from torchtriage.sources.limits import ByteBudget
+from torchtriage.sources.streams import GZIP_MAGIC, Budgeted, Replay, TolerantGunzip, open_regular
 
 STDIN = "-"
 HEAD_BYTES = 8192
-_GZIP_MAGIC = b"\x1f\x8b"
 _PICKLE = re.compile(rb"\A\x80[\x02-\x05]")
 _PYSPY_TEXT = re.compile(rb"\A\s*Process \d+: .*\n\s*Python v\d", re.MULTILINE)
 # A dump starts with its header: after a fatal error's or a timeout's first line, a thread's (or the stack's).
@@ -38,11 +39,11 @@ _DOCUMENTS = (".md", ".rst", ".html", ".htm", ".svg", ".png", ".jpg", ".jpeg", "
 _SOURCE_CODE = (".py", ".sh", ".cfg", ".toml", ".yaml", ".yml")
 
 # Per-rank files come with any naming: rank3.log, rank_03.txt, worker-3.out, log.rank3, node1-rank12.err.
-_RANK_WORD = re.compile(r"(?:^|[^a-z])(?:rank|worker|proc|process)[-_.]?(\d{1,7})(?!\d)", re.IGNORECASE)
+_RANK_WORD = re.compile(r"(?:^|[^a-z])(?:rank|worker|proc|process)[-_.]?(\d{1,12})(?!\d)", re.IGNORECASE)
 # torchrun --log-dir writes <dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log
-_TORCHRUN_LAYOUT = re.compile(r"attempt_\d+[/\\](\d{1,7})[/\\](?:stdout|stderr|error)\.(?:log|json)$")
+_TORCHRUN_LAYOUT = re.compile(r"attempt_\d+[/\\](\d{1,12})[/\\](?:stdout|stderr|error)\.(?:log|json)$")
 # Dumps and traces written as <prefix><rank>: nccl_trace_rank_3, comm_lib_trace_3, trace.3.json.gz
-_TRAILING_NUMBER = re.compile(r"(\d{1,7})(?:\.(?:pkl|pickle|json|bin|gz|pt|trace))*$", re.IGNORECASE)
+_TRAILING_NUMBER = re.compile(r"(?<!\d)(\d{1,12})(?:\.(?:pkl|pickle|json|bin|gz|pt|trace))*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -205,14 +206,14 @@ def rank_from_name(path: str, kind: SourceKind | None = None) -> int | None:
     traces written as `<prefix><rank>` — a trailing number."""
     match = _TORCHRUN_LAYOUT.search(path)
     if match:
-        return int(match.group(1))
+        return as_int(match.group(1), None)
     name = os.path.basename(path)
     words = _RANK_WORD.findall(name)
     if words:
-        return int(words[-1])
+        return as_int(words[-1], None)
     if kind is not None and BY_KIND[kind].trailing_number_is_rank:
         match = _TRAILING_NUMBER.search(name)
-        return int(match.group(1)) if match else None
+        return as_int(match.group(1), None) if match else None
     return None
 
 
@@ -264,7 +265,7 @@ def _decompressed_head(raw: bytes) -> bytes:
 
 
 def _head_of(name: str, raw: bytes) -> Head:
-    if raw.startswith(_GZIP_MAGIC):
+    if raw.startswith(GZIP_MAGIC):
         return Head(name, _decompressed_head(raw), True)
     return Head(name, raw, False)
 
@@ -287,7 +288,7 @@ def _examine(path: str, problems: list[str], named: bool) -> Input | None:
         problems.append(f"{path}: {what}, not a file; torchtriage reads only regular files (it would wait forever).")
         return None
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             raw = handle.read(HEAD_BYTES)
     except OSError as err:
         problems.append(_describe_os_error(path, err))
@@ -304,7 +305,8 @@ def _examine(path: str, problems: list[str], named: bool) -> Input | None:
 
 
 def _natural_key(path: str) -> list[object]:
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+    # Numbers compare as numbers (rank2 before rank10); one too long to be a rank sorts after every other.
+    return [(as_int(part, 1 << 64), part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
 def _walk(folder: str, problems: list[str]) -> list[str]:
@@ -344,9 +346,11 @@ def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
 
 
 def open_input(item: Input) -> BinaryIO:
-    """The artifact's content as a binary stream, un-gzipped (a cut-off gzip yields what it holds)."""
-    raw: BinaryIO = _Stdin.stream() if item.path == STDIN else open(item.path, "rb")  # noqa: SIM115
-    return TolerantGunzip(raw) if item.compressed else raw  # type: ignore[return-value]
+    """The artifact's content as a binary stream, un-gzipped (a cut-off gzip yields what it holds), its bytes
+    counted against the budget for streamed files."""
+    raw: BinaryIO = _Stdin.stream() if item.path == STDIN else open_regular(item.path)
+    stream = TolerantGunzip(raw) if item.compressed else raw
+    return Budgeted(stream, ByteBudget("it", streamed=True))  # type: ignore[return-value,arg-type]
 
 
 def for_reader(inputs: Iterable[Input], kind: SourceKind, problems: list[str]) -> list[str]:

@@ -4,13 +4,13 @@ one file per rank, the rank from its name (`rank03.txt`, `faulthandler-rank3.txt
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from torchtriage.errors import InputError
 from torchtriage.model import SourceKind
 from torchtriage.sources.faulthandler import parse_faulthandler
 from torchtriage.sources.pyspy import ProcessStack, read_rank_dump
 from torchtriage.sources.registry import discover, rank_from_name
+from torchtriage.sources.streams import read_text
 
 _STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER)
 
@@ -26,11 +26,7 @@ def _read_faulthandler(path: str) -> tuple[int, ProcessStack]:
     rank = rank_from_name(path)
     if rank is None:
         raise InputError(f"{path}: cannot tell which rank this dump is; name it faulthandler-rank<N>.txt")
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError as err:
-        raise InputError(f"{path}: cannot read it ({err.strerror or err})") from None
-    return rank, parse_faulthandler(text, path)
+    return rank, parse_faulthandler(read_text(path, "the dump"), path)
 
 
 def load_rank_stacks(paths: list[str | os.PathLike], problems: list[str] | None = None) -> dict[int, ProcessStack]:
