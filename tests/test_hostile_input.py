@@ -307,3 +307,16 @@ def test_a_malformed_limit_is_a_usage_error(tmp_path):
     assert code == exit_codes.USAGE and "is not a number" in text
     code, text = bounded("triage", "--limit", "speed=3", log)
     assert code == exit_codes.USAGE and "NAME one of bytes, stream-bytes" in text
+
+
+def test_a_streamed_snapshot_past_the_item_and_depth_limits_is_refused(tmp_path):
+    head = b"\x80\x04}\x94(\x8c\x08segments\x94]\x94("
+    many = tmp_path / "many.pickle"
+    many.write_bytes(head + b"\x8c\x01x\x94" * 300_000)  # 300,000 memoized strings
+    code, text = bounded("memory", "--limit", "items=100000", many)
+    assert code == exit_codes.BAD_INPUT and "more than 100,000 values to refer back to" in text
+    assert "--limit items=" in text
+    deep = tmp_path / "deep.pickle"
+    deep.write_bytes(head + b"(" * 5000)
+    code, text = bounded("memory", "--limit", "depth=1000", deep)
+    assert code == exit_codes.BAD_INPUT and "nests containers more than 1,000 deep" in text

@@ -37,3 +37,14 @@ def test_times_from_glog_and_iso_headers_are_comparable():
     iso = normalise("2026-11-30T02:54:49Z z")
     assert glog.severity == "E"
     assert glog.time < iso.time < python_logging.time
+
+
+def test_every_kind_of_terminal_sequence_is_peeled_before_matching():
+    from torchtriage.sources.lines import strip_ansi
+
+    assert strip_ansi("\x1b[1;31mNCCL WARN\x1b[0m x") == "NCCL WARN x"  # CSI
+    assert strip_ansi("\x1b]0;title\x1b\\NCCL WARN") == "NCCL WARN"  # OSC ended by ST
+    assert strip_ansi("\x1b]8;;http://x\x07link\x1b]8;;\x07") == "link"  # hyperlinks, ended by BEL
+    assert strip_ansi("\x1bP+q544e\x1b\\ok") == "ok"  # DCS
+    assert strip_ansi("\x9b31mC1 CSI") == "C1 CSI"
+    assert strip_ansi("\x1b(Bcharset") == "charset"

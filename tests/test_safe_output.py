@@ -9,9 +9,9 @@ from torchtriage.report.safe_text import visible, visible_copy
 # Terminal sequences: OSC 52 (write the clipboard) and clear the screen. The log reader drops them, as it
 # drops colour codes.
 SEQUENCES = "\x1b]52;c;ZWNobyBwd25lZA==\x07\x1b[2J"
-# Lone controls the reader keeps: a bell, the one-byte C1 CSI, a bidi override. (A log's carriage returns
+# Lone controls the reader keeps: a bell, a C1 control (NEL), a bidi override. (A log's carriage returns
 # and newlines end its lines, so they reach the output only through names: see the file-name test.)
-LONE = "\x07\x9b2J\u202e"
+LONE = "\x07\x85\u202e"
 HOSTILE = SEQUENCES + LONE
 
 
@@ -30,7 +30,7 @@ def oom_log(folder: str) -> str:
 
 def test_visible_escapes_controls_and_keeps_tabs():
     assert visible("a\tb") == "a\tb"
-    assert visible(HOSTILE) == "\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x07\\x9b2J\\u202e"
+    assert visible(HOSTILE) == "\\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x07\\x85\\u202e"
     assert visible("a\rb\nc") == "a\\rb\\nc"
     assert visible("\x85\x9b31m") == "\\x85\\x9b31m"  # C1: NEL and the one-byte CSI
     assert visible("plain ünïcode ✓") == "plain ünïcode ✓"
@@ -47,8 +47,8 @@ def test_a_hostile_log_line_is_shown_escaped(tmp_path):
     done = run_cli("triage", log)
     out = done.stdout.decode()
     assert done.returncode == exit_codes.PROBLEM_FOUND, done.stderr.decode()
-    assert "/job/\\x07\\x9b2J\\u202e/train.py" in out
-    for raw in ("\x1b", "\x07", "\x9b", "\u202e"):
+    assert "/job/\\x07\\x85\\u202e/train.py" in out
+    for raw in ("\x1b", "\x07", "\x85", "\u202e"):
         assert raw not in out
 
 

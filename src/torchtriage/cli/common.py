@@ -45,6 +45,27 @@ def apply_limits(specs: Iterable[str]) -> None:
     limits.activate(current)
 
 
+def number(kind: type, low: float, high: float, what: str):
+    """An argparse type: a finite `kind` (int or float) in [low, high], else a usage error saying so.
+
+    NaN compares false with everything and infinity waits forever: neither is a number of seconds."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text[:40]!r}") from None
+        if not (low <= value <= high):  # also false for NaN
+            raise argparse.ArgumentTypeError(f"expected {what} between {low:g} and {high:g}, got {text[:40]}")
+        return value
+
+    return parse
+
+
+SECONDS = number(float, 0.001, 7 * 86400, "a number of seconds")
+PID = number(int, 1, 1 << 22, "a process id")
+
+
 def add_json(parser: argparse.ArgumentParser, what: str = "the verdict") -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as one JSON object")
 

@@ -12,7 +12,16 @@ import argparse
 from pathlib import Path
 
 from torchtriage.analysis.postmortem import diagnose_paths
-from torchtriage.cli.common import add_json, add_paths, check_paths, print_verdict, verdict_exit, write_verdict
+from torchtriage.cli.common import (
+    PID,
+    SECONDS,
+    add_json,
+    add_paths,
+    check_paths,
+    print_verdict,
+    verdict_exit,
+    write_verdict,
+)
 from torchtriage.errors import UsageError
 
 
@@ -20,7 +29,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     add_paths(parser, "post-mortem: folders/files of stack dumps, flight-recorder dumps and logs", required=False)
     parser.add_argument(
         "--pid",
-        type=int,
+        type=PID,
         action="append",
         metavar="PID",
         help="live: a rank's pid or its launcher's (repeatable); default: every torchrun job here",
@@ -29,7 +38,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logs", action="append", metavar="PATH", default=[], help="logs to read")
     parser.add_argument("--out", metavar="DIR", help="live: where the captured stacks go")
     parser.add_argument("--native", action="store_true", help="live: include native frames (slower)")
-    parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="live: per-rank py-spy timeout")
+    parser.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="live: per-rank py-spy timeout")
     add_json(parser)
     parser.add_argument(
         "--write-verdict",

@@ -6,10 +6,9 @@ import argparse
 from pathlib import Path
 
 from torchtriage import exit_codes
-from torchtriage.cli.common import emit
+from torchtriage.cli.common import PID, SECONDS, emit
 from torchtriage.collect.capture import DEFAULT_DUMP_TIMEOUT_S, CaptureResult, capture_stacks, default_out_dir
 from torchtriage.collect.pyspy import sigterm_as_interrupt
-from torchtriage.errors import UsageError
 from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import capture_summary
 
@@ -20,7 +19,7 @@ def add_targeting(parser: argparse.ArgumentParser) -> None:
     """--pid and --out, shared by `dump` and `record`."""
     parser.add_argument(
         "--pid",
-        type=int,
+        type=PID,
         action="append",
         metavar="PID",
         help="a rank's pid, or a torchrun agent's (expanded to its workers); repeatable. Default: the workers "
@@ -42,7 +41,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     add_targeting(parser)
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=SECONDS,
         default=DEFAULT_DUMP_TIMEOUT_S,
         metavar="S",
         help=f"bound on each py-spy run (a rank gets two: text, then JSON); default {DEFAULT_DUMP_TIMEOUT_S:g}",
@@ -57,8 +56,6 @@ def exit_code(result: CaptureResult) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}.")
     with sigterm_as_interrupt():
         result = capture_stacks(args.pid, args.out, native=args.native, timeout_s=args.timeout)
     emit(json_text(result.to_json()) if args.json else capture_summary(result, "captured the stacks of"))

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 from torchtriage import exit_codes
-from torchtriage.cli.common import add_json, add_paths, print_verdict, verdict_exit
-from torchtriage.errors import InputError, UsageError
+from torchtriage.cli.common import add_json, add_paths, number, print_verdict, verdict_exit
+from torchtriage.errors import InputError
 from torchtriage.sources.flight_recorder import load_dumps
 
 
@@ -16,13 +16,16 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     )
     add_json(parser)
     parser.add_argument(
-        "-j", "--jobs", type=int, default=None, metavar="N", help="processes for loading (default: every core)"
+        "-j",
+        "--jobs",
+        type=number(int, 1, 4096, "a number of processes"),
+        default=None,
+        metavar="N",
+        help="processes for loading (default: every core)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.jobs is not None and args.jobs < 1:
-        raise UsageError("--jobs must be at least 1.")
     # The analysis is imported while the other processes start loading (a cold import takes tens of ms).
     load = load_dumps(args.paths, args.jobs, meanwhile=_import_analysis)
     if not load.dumps:

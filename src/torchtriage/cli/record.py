@@ -4,19 +4,30 @@ from __future__ import annotations
 
 import argparse
 
-from torchtriage.cli.common import emit
+from torchtriage.cli.common import SECONDS, emit, number
 from torchtriage.cli.dump import add_targeting, exit_code
 from torchtriage.collect.capture import RECORD_SLACK_S, record_profiles
 from torchtriage.collect.pyspy import sigterm_as_interrupt
-from torchtriage.errors import UsageError
 from torchtriage.report.json_report import json_text
 from torchtriage.report.tables import capture_summary
 
 
 def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     add_targeting(parser)
-    parser.add_argument("--duration", type=int, default=30, metavar="S", help="seconds to sample (default 30)")
-    parser.add_argument("--rate", type=int, default=100, metavar="HZ", help="samples per second (default 100)")
+    parser.add_argument(
+        "--duration",
+        type=number(int, 1, 86400, "whole seconds"),
+        default=30,
+        metavar="S",
+        help="seconds to sample (default 30)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=number(int, 1, 10_000, "samples per second"),
+        default=100,
+        metavar="HZ",
+        help="samples per second (default 100)",
+    )
     parser.add_argument(
         "--idle",
         action="store_true",
@@ -29,7 +40,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=SECONDS,
         default=RECORD_SLACK_S,
         metavar="S",
         help=f"extra seconds beyond --duration before a py-spy is killed (default {RECORD_SLACK_S:g})",
@@ -38,12 +49,6 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.duration < 1:
-        raise UsageError(f"--duration must be at least 1 second, not {args.duration}.")
-    if args.rate < 1:
-        raise UsageError(f"--rate must be at least 1 sample per second, not {args.rate}.")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be a positive number of seconds, not {args.timeout:g}.")
     with sigterm_as_interrupt():
         result = record_profiles(
             args.pid,

@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torchtriage
+from torchtriage.cli.common import SECONDS
 from torchtriage.errors import EnvironmentProblem, UsageError
 from torchtriage.protocol import FR_PREFIX, FR_SUBDIR, RUN_DIR_ENV, STALL_SECONDS_ENV, VERDICT_STEM, hang_dir
 
@@ -30,7 +31,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", metavar="DIR", help="where diagnostics go (default: ./torchtriage-run-<time>)")
     parser.add_argument(
         "--stall-seconds",
-        type=float,
+        type=SECONDS,
         default=300.0,
         help="seconds without progress before a rank counts as stalled (default 300)",
     )
@@ -77,25 +78,76 @@ def run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise UsageError("give the launcher after --, e.g. torchtriage run -- torchrun --nproc_per_node 8 train.py")
-    if args.stall_seconds <= 0:
-        raise UsageError("--stall-seconds must be positive.")
     out_dir = Path(args.out or f"torchtriage-run-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        what = "a file, not a folder" if out_dir.exists() else (err.strerror or str(err))
+        raise UsageError(f"--out {out_dir}: {what}; give a folder for the diagnostics.") from None
     env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ))
     for message in kept:
         warnings.warn(f"torchtriage run: {message}", stacklevel=1)
     print(f"torchtriage run: diagnostics in {out_dir} (stall after {args.stall_seconds:g} s)", file=sys.stderr)
-    try:
-        child = subprocess.Popen(command, env=env)
-    except FileNotFoundError:
-        raise EnvironmentProblem(f"{command[0]}: command not found; check the launcher's name and PATH.") from None
-    # Ctrl-C reaches the child through the terminal's process group; wait for it to finish its own way.
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        code = child.wait()
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    code = _run_forwarding(command, env)
     verdict = hang_dir(out_dir) / f"{VERDICT_STEM}.txt"
     if verdict.exists():
         print(f"torchtriage run: a stall was diagnosed: {verdict}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+# What a scheduler or a user sends to stop or poke a job. Kubernetes and many schedulers signal only the
+# container's first process: as an entrypoint, `run` must pass these on, or the job would never stop.
+FORWARDED = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2") if hasattr(signal, name)
+)
+_FROM_THE_KERNEL = 0x80  # SI_KERNEL: Ctrl-C or a hangup from the terminal, which reached the child too
+
+
+def _start(command: list[str], env: dict[str, str], blocked: bool) -> subprocess.Popen:
+    def unblock() -> None:  # the child starts with the default signal mask, not ours
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+
+    try:
+        return subprocess.Popen(command, env=env, preexec_fn=unblock if blocked else None)  # noqa: PLW1509
+    except FileNotFoundError:
+        raise EnvironmentProblem(f"{command[0]}: command not found; check the launcher's name and PATH.") from None
+    except PermissionError:
+        raise EnvironmentProblem(
+            f"{command[0]}: not executable (check its permissions, or run it with its interpreter)."
+        ) from None
+    except OSError as err:
+        raise EnvironmentProblem(f"{command[0]}: cannot be started ({err.strerror or err}).") from None
+
+
+def _run_forwarding(command: list[str], env: dict[str, str]) -> int:
+    """Run the launcher; each signal sent to this process is passed to it, and its exit code returned.
+
+    A signal the terminal sent (Ctrl-C, hangup) reached the launcher already, through the process group
+    they share: it is not sent twice, which would turn a clean shutdown into an abort. Where the sender
+    cannot be told apart (no sigtimedwait), Ctrl-C is left to the terminal and the rest are forwarded."""
+    if hasattr(signal, "sigtimedwait"):
+        signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+        try:
+            child = _start(command, env, blocked=True)
+            while (code := child.poll()) is None:
+                info = signal.sigtimedwait(FORWARDED, 0.2)
+                if info is not None and info.si_code != _FROM_THE_KERNEL:
+                    _pass_on(child, info.si_signo)
+            return code
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
+    child = _start(command, env, blocked=False)  # pragma: no cover - platforms without sigtimedwait
+    previous = {sig: signal.signal(sig, lambda sig, _f: _pass_on(child, sig)) for sig in FORWARDED}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _pass_on(child: subprocess.Popen, sig: int) -> None:
+    try:
+        child.send_signal(sig)
+    except ProcessLookupError:  # it exited meanwhile
+        pass

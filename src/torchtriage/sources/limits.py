@@ -28,9 +28,12 @@ class Limits:
     bytes: int = 512 << 20
     # Bytes one streamed file may hold after decompression (logs, profiler traces, memory snapshots).
     stream_bytes: int = 64 << 30
-    # Values one file may expand to where a reader walks it, a shared object counted each time it is met.
+    # Values a streamed pickle (a memory snapshot) may keep for later opcodes to refer back to: its memo.
+    # (Pickles read whole are bounded by `bytes`; their shared references are never expanded: every field
+    # is checked for its kind before anything walks it.)
     items: int = 200_000_000
-    # Nesting depth of containers (real artifacts nest fewer than 10 deep).
+    # Nesting depth of the containers of a streamed pickle (real ones nest fewer than 10 deep); JSON is
+    # bounded by the parser's own recursion limit.
     depth: int = 200
     # The largest rank number taken from a file (the largest real jobs have about 10^5 ranks): a world is
     # sometimes inferred as every rank up to the largest seen.

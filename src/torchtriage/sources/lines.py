@@ -10,7 +10,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
+# Terminal sequences a log may carry (ECMA-48): CSI (colours, cursor), OSC ended by BEL or ST (titles,
+# hyperlinks), DCS/SOS/PM/APC strings ended by ST, other two-character escapes, and the one-byte C1 CSI.
+# Each alternative stops at the next ESC, so a line full of unterminated ones costs linear time.
+_ANSI = re.compile(
+    r"\x1b\[[0-?]*[ -/]*[@-~]"
+    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)"
+    r"|\x1b[PX^_][^\x1b]*\x1b\\"
+    r"|\x1b[ -/]*[0-~]"
+    r"|\x9b[0-?]*[ -/]*[@-~]"
+)
 
 # Launcher prefixes that carry a rank. Each is tried at the start of what remains of the line.
 _RANK_PREFIXES = [
@@ -49,7 +58,7 @@ class Normalised:
 
 
 def strip_ansi(text: str) -> str:
-    return _ANSI.sub("", text) if "\x1b" in text else text
+    return _ANSI.sub("", text) if "\x1b" in text or "\x9b" in text else text
 
 
 def _seconds(month: str, day: str, hms: str) -> float:

@@ -26,6 +26,7 @@ from typing import Any
 
 from torchtriage.errors import InputError
 from torchtriage.sources.fields import as_int, as_text, strict_json
+from torchtriage.sources.lines import strip_ansi
 
 # Counter names, lower-cased, as the newer layout prints them. Any non-zero one is a hard error.
 HARD_ERROR_COUNTERS = (
@@ -277,7 +278,7 @@ def _file_memory_value(mem: MemoryHealth, path: tuple[str, ...], key: str, value
 
 def parse_topology(text: str) -> dict[str, dict[str, str]]:
     """`nvidia-smi topo -m`: {"GPU0": {"GPU1": "NV18", ...}, ...}, GPU-to-GPU cells only."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    text = strip_ansi(text)
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return {}

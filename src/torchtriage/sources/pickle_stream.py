@@ -31,6 +31,8 @@ import struct
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
+from torchtriage.sources import limits
+from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.safe_pickle import TRUNCATED, PickleCorrupt, PickleError, PickleRefused, collector_paused
 
 __all__ = ["Sink", "FlatList", "StreamingUnpickler", "SharedContainer"]
@@ -135,6 +137,7 @@ class StreamingUnpickler:
         self.stack: list = []
         self.metastack: list = []
         self._memo: list = []
+        self._max_depth, self._max_items = limits.active().depth, limits.active().items
         self.streaming = False  # set once a sink exists: from then on its items are not kept in the memo
         self._unkept: Any = None  # the sink item being built by the opcode loop
         self._spans: dict[bytes, FlatList] = {}
@@ -148,6 +151,9 @@ class StreamingUnpickler:
 
     # -- the buffer --
     def _refill(self, need: int = _LOOKAHEAD) -> None:
+        # Checked here, once per chunk of the file, rather than at each of the ways the memo grows.
+        if len(self._memo) > self._max_items:
+            raise LimitExceeded(f"it keeps more than {self._max_items:,} values to refer back to", "items")
         parts = [self._buf[self._pos :]]
         have = len(parts[0])
         while have < need + _LOOKAHEAD and not self._eof:
@@ -189,7 +195,7 @@ class StreamingUnpickler:
         try:
             with collector_paused():
                 return self._run()
-        except PickleError:
+        except (PickleError, LimitExceeded):
             raise
         except _Truncated:
             raise PickleCorrupt(TRUNCATED) from None
@@ -218,6 +224,8 @@ class StreamingUnpickler:
             elif op == 0x28:  # MARK
                 self.metastack.append(self.stack)
                 self.stack = []
+                if len(self.metastack) > self._max_depth:
+                    raise LimitExceeded(f"it nests containers more than {self._max_depth:,} deep", "depth")
             elif op == 0x7D:  # EMPTY_DICT
                 if self.streaming:
                     sink_item = self._at_sink_item()

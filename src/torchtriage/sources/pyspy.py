@@ -31,11 +31,11 @@ from dataclasses import dataclass, replace
 from torchtriage.errors import InputError
 from torchtriage.model import Frame, Local
 from torchtriage.sources.fields import as_int, as_text, describe, json_reason
+from torchtriage.sources.lines import strip_ansi
 from torchtriage.sources.registry import rank_from_name
 from torchtriage.sources.streams import read_input
 
 _JSON_START = re.compile(r"\s*\[\s*([{\]]|$)")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _PROCESS = re.compile(r"^Process (\d+): ?(.*)$")
 _PYTHON = re.compile(r"^Python v(\S+)(?: \((.*)\))?$")
 _PARENT = re.compile(r"^Parent Process (\d+): ?(.*)$")
@@ -123,7 +123,7 @@ def read_dump(path: str | os.PathLike) -> list[ProcessStack]:
 
 class _TextParser:
     def __init__(self, text: str, source: str) -> None:
-        self.lines = _ANSI.sub("", text).splitlines()
+        self.lines = strip_ansi(text).splitlines()
         self.truncated_tail = not text.endswith(("\n", "\r"))
         self.source = source
         self.processes: list[ProcessStack] = []
