@@ -436,17 +436,17 @@ def test_column_path_reads_like_the_per_entry_path():
     for data, size in dumps:
         if not isinstance(data, dict) or "entries" not in data:
             continue
-        fast_used += fr._extract_columns(data["entries"]) is not None
+        fast_used += fr._extract_columns(data["entries"], fr._fetch_columns(data["entries"])) is not None
         fast = fr.parse_dump("x", data, 3, size)
         original = fr._extract_columns
         try:
-            fr._extract_columns = lambda entries: None
+            fr._extract_columns = lambda entries, fetched: None
             slow = fr.parse_dump("x", data, 3, size)
         finally:
             fr._extract_columns = original
         assert fast == slow
     assert fast_used >= 10
-    assert fr._extract_columns(dumps[0][0]["entries"]) is not None
+    assert fr._extract_columns(dumps[0][0]["entries"], fr._fetch_columns(dumps[0][0]["entries"])) is not None
     mixed = fr.parse_dump("x", *dumps[0][:1], 0, dumps[0][1])
     assert list(mixed.tracks) == ["0", "1"] and list(mixed.p2p) == ["0"]
     assert ("0", 10) in mixed.timed_out and ("0", 12) in mixed.timed_out

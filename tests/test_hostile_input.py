@@ -141,8 +141,8 @@ def _entry0(field, value):
 @pytest.mark.parametrize(
     "field, value, said",
     [
-        ("profiling_name", ladder(), "`entries[0].profiling_name/state` is a list"),
-        ("state", ladder(), "is a list of 2 items, not text"),
+        ("profiling_name", ladder(), "`entries[0].profiling_name` is a list"),
+        ("state", ladder(), "`entries[0].state` is a list of 2 items, not text"),
         ("input_sizes", [ladder()] * 3, "not an integer dimension"),
         ("input_sizes", [[4096] * 50_000] * 50_000, "refer to the same containers over and over"),
         ("input_dtypes", [ladder()], "not a dtype name"),
@@ -216,7 +216,7 @@ def test_buffers_in_dumps_end_cleanly_under_dev_mode(tmp_path):
         assert code in (exit_codes.OK, exit_codes.PROBLEM_FOUND), text[-2000:]
         assert "exported buffers" not in text and "SystemError" not in text
     code, text = bounded("fr", tmp_path, flags=("-X", "dev"))
-    assert "nccl_trace_rank_7: its field `entries[0].profiling_name/state` is a memoryview" in text
+    assert "nccl_trace_rank_7: its field `entries[0].profiling_name` is a memoryview" in text
     code, text = bounded("fr", tmp_path / "nccl_trace_rank_7", flags=("-X", "dev"))
     assert code == exit_codes.BAD_INPUT and "memoryview" in text
 

@@ -220,3 +220,22 @@ def test_json_without_trace_events_is_no_all_clear(tmp_path, text):
     done = run_cli("trace", path)
     assert done.returncode == exit_codes.BAD_INPUT, done.stdout
     assert b"no straggler" not in done.stdout and b"10000" not in done.stdout
+
+
+def test_an_unreadable_subfolder_is_named_not_skipped_in_silence(tmp_path, monkeypatch):
+    # Permissions cannot stop root (the test may run as root), so the refusal is made where os.walk lists.
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (tmp_path / "rank0.log").write_text("[rank0]: RuntimeError: boom\n")
+    real_scandir = os.scandir
+
+    def scandir(path="."):
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", str(locked))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    problems: list[str] = []
+    found = discover([str(tmp_path)], problems)
+    assert [os.path.basename(i.path) for i in found] == ["rank0.log"]
+    assert problems == [f"{locked}: cannot be read: Permission denied (check its permissions)."]

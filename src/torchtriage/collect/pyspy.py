@@ -162,6 +162,9 @@ class ConcurrentRunner:
                     "uninterruptible call, e.g. a GPU driver call: retry with a longer --timeout, or --native "
                     "off)"
                 )
+            except BaseException:  # whatever goes wrong here, no py-spy outlives the command
+                self._kill(proc)
+                raise
             finally:
                 with self._lock:
                     self._live.discard(proc)

@@ -390,10 +390,13 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
     rank, rank_from = _rank_of(data, rank_hint)
     entries = data.get("entries") or []
     _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
-    check_entries(entries, size)
+    fetched = _fetch_columns(entries) if entries and type(entries) is list else None
+    if fetched is not None and set(map(type, entries)) != {dict}:
+        fetched = None
+    check_entries(entries, size, dict(zip(_COLUMN_NAMES, fetched[0], strict=True)) if fetched else None)
     pg_config, ranks_text, nameless_ranks = _pg_config(data)
     try:
-        ext = _extract_columns(entries)
+        ext = _extract_columns(entries, fetched)
     except (TypeError, ValueError, AttributeError, IndexError, KeyError):
         ext = None  # an odd layout: the per-entry path says what is wrong with it, as it always did
     if ext is None:
@@ -596,7 +599,7 @@ def _tracks_of(pg_names: list[str], single: bool, coll, seqs, keys, states, site
     }  # fmt: skip
 
 
-def _extract_columns(entries: list) -> _Extract | None:
+def _extract_columns(entries: list, fetched: tuple[list, list | None] | None) -> _Extract | None:
     """The fast path of `_extract_per_entry`, with the same result, column by column.
 
     Every field is fetched at C speed, and the work per entry (a comparison key, a call site) is done once per
@@ -605,7 +608,6 @@ def _extract_columns(entries: list) -> _Extract | None:
     an entry that is not a dict, an entry without a process group).
     """
     n = len(entries)
-    fetched = _fetch_columns(entries) if n else None
     if fetched is None:
         return None
     columns, stamps = fetched

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from array import array
+from collections.abc import Iterable, Mapping
 from itertools import chain, compress, repeat
-from operator import is_not, itemgetter, methodcaller
+from operator import is_not, methodcaller
 from typing import Any
 
 from torchtriage.sources import limits
-from torchtriage.sources.fields import INT64, FieldError, as_int, describe
+from torchtriage.sources.fields import INT64, FieldError, as_int, describe, is_plain_int
 from torchtriage.sources.limits import LimitExceeded
 
 _NONE = type(None)
@@ -42,42 +43,44 @@ class Expands(FieldError):
         )
 
 
-def _first_bad(column: list, allowed: set) -> int:
-    return next(i for i, value in enumerate(column) if type(value) not in allowed)
+def _present(column: list | tuple, allowed: set, field: str, wanted: str) -> tuple[list | tuple, set]:
+    """The values of `column` that are not None, each of an `allowed` type (else FieldError naming the
+    entry), and the set of their types."""
+    kinds = set(map(type, column))
+    if _NONE in kinds:
+        column = list(compress(column, map(is_not, column, repeat(None))))
+        kinds.discard(_NONE)
+    if not kinds <= allowed:
+        raw = list(column)
+        index = next(i for i, value in enumerate(raw) if type(value) not in allowed and value is not None)
+        raise FieldError(f"entries[{index}]{'.' if field else ''}{field}", raw[index], wanted)
+    return column, kinds
 
 
-def _types(column: list, allowed: set, field: str, wanted: str, where: list[int] | None = None) -> None:
-    """Every value of `column` is of an `allowed` type; `where` maps positions back to entry indices."""
-    if set(map(type, column)) <= allowed:
-        return
-    i = _first_bad(column, allowed)
-    index = where[i] if where is not None else i
-    raise FieldError(f"entries[{index}]{'.' if field else ''}{field}", column[i], wanted)
+def _inner(containers: Iterable, allowed: set, field: str, wanted: str) -> tuple[list, set]:
+    """The items of `containers`, each of an `allowed` type, and their types."""
+    items = list(chain.from_iterable(containers))
+    kinds = set(map(type, items))
+    if not kinds <= allowed:
+        raise FieldError(field, next(v for v in items if type(v) not in allowed), wanted)
+    return items, kinds
 
 
 def _short(column: Iterable[str], field: str, limit: int = _MAX_NAME) -> None:
-    lengths = list(map(len, column))
-    if lengths and max(lengths) > limit:
-        raise FieldError(field, "x" * max(lengths), f"text of at most {limit:,} characters")
+    longest = max(map(len, column), default=0)
+    if longest > limit:
+        raise FieldError(field, "x" * longest, f"text of at most {limit:,} characters")
 
 
-def _slots(containers: list, field: str, size: int) -> None:
+def _slots(containers: list | tuple, field: str, size: int) -> None:
     total = sum(map(len, containers))
     if total > size:
         raise Expands(field, total, size)
 
 
-def _ints_in_range(values: list, field: str) -> None:
+def _ints_in_range(values: list | tuple, field: str) -> None:
     if values and (min(values) < -INT64 or max(values) >= INT64):
         raise FieldError(field, max(values, key=abs), "a 64-bit integer")
-
-
-def _present(column: list | tuple) -> tuple[list | tuple, list[int] | None]:
-    """The values that are not None, and their entry indices (None when all are present)."""
-    if None not in column:
-        return column, None
-    keep = list(map(is_not, column, repeat(None)))
-    return list(compress(column, keep)), list(compress(range(len(column)), keep))
 
 
 def _distinct(values: Iterable) -> list:
@@ -87,71 +90,62 @@ def _distinct(values: Iterable) -> list:
 
 
 def _check_text(column: tuple, field: str) -> None:
-    values, where = _present(column)
-    _types(values, {str}, field, "text", where)
+    values, _ = _present(column, {str}, field, "text")
     _short(values, field)
 
 
 def _check_numbers(column: tuple, field: str) -> None:
     """Counters: ints, finite floats, or (as some JSON dumps write them) their digits as short text."""
-    values, where = _present(column)
-    _types(values, _NUMBER - {_NONE}, field, "a number", where)
-    kinds = set(map(type, values))
+    values, kinds = _present(column, _NUMBER - {_NONE}, field, "a number")
+    if kinds == {int}:
+        _ints_in_range(values, field)
+        return
     if str in kinds:
         _short([v for v in values if type(v) is str], field, 20)
-    if float in kinds:
-        floats = [v for v in values if type(v) is float]
-        if not all(map(math.isfinite, floats)):
-            raise FieldError(field, next(v for v in floats if not math.isfinite(v)), "a finite number")
-    _ints_in_range([v for v in values if type(v) is int] if kinds != {int} else values, field)
+    floats = [v for v in values if type(v) is float]
+    if not all(map(math.isfinite, floats)):
+        raise FieldError(field, next(v for v in floats if not math.isfinite(v)), "a finite number")
+    _ints_in_range([v for v in values if type(v) is int], field)
 
 
-def _check_sizes(column: list, field: str, size: int) -> None:
+def _check_sizes(column: tuple, field: str, size: int) -> None:
     """A list per tensor of its dimensions: [[4096, 1024], [8]]."""
-    values, where = _present(column)
-    _types(values, _SEQUENCE, field, "a list of tensor sizes", where)
+    values, _ = _present(column, _SEQUENCE, field, "a list of tensor sizes")
     _slots(values, field, size)
-    tensors = list(chain.from_iterable(values))
-    if set(map(type, tensors)) - _SEQUENCE:
-        bad = next(t for t in tensors if type(t) not in _SEQUENCE)
-        raise FieldError(field, bad, "the sizes of a tensor (a list of integers)")
+    tensors, _ = _inner(values, _SEQUENCE, field, "the sizes of a tensor (a list of integers)")
     _slots(tensors, field, size)
-    dims = list(chain.from_iterable(tensors))
-    if set(map(type, dims)) - {int}:
-        raise FieldError(field, next(d for d in dims if type(d) is not int), "an integer dimension")
-    _ints_in_range(dims, field)
+    try:  # an array of 64-bit integers takes each dimension at C speed, or says which kind it is not
+        array("q", chain.from_iterable(tensors))
+    except (TypeError, OverflowError):
+        bad = next(d for d in chain.from_iterable(tensors) if not is_plain_int(d))
+        raise FieldError(field, bad, "an integer dimension") from None
 
 
 def _check_dtypes(column: tuple, field: str, size: int) -> None:
-    values, where = _present(column)
-    _types(values, _SEQUENCE, field, "a list of dtype names", where)
+    values, _ = _present(column, _SEQUENCE, field, "a list of dtype names")
     _slots(values, field, size)
-    names = list(chain.from_iterable(values))
-    if set(map(type, names)) - {str}:
-        raise FieldError(field, next(n for n in names if type(n) is not str), "a dtype name")
+    names, _ = _inner(values, {str}, field, "a dtype name")
     _short(names, field, 256)
 
 
 def _check_groups(column: tuple) -> None:
-    values, where = _present(column)
-    _types(values, _SEQUENCE, "process_group", "a (name, description) pair", where)
-    if values and max(map(len, values)) > _MAX_GROUP_FIELDS:
+    values, _ = _present(column, _SEQUENCE, "process_group", "a (name, description) pair")
+    if max(map(len, values), default=0) > _MAX_GROUP_FIELDS:
         raise FieldError("process_group", max(values, key=len), "a (name, description) pair")
-    parts = list(chain.from_iterable(values))
-    kinds = set(map(type, parts))
-    if kinds - {str, int}:
-        raise FieldError("process_group", next(p for p in parts if type(p) not in (str, int)), "a group's name")
+    parts, kinds = _inner(values, {str, int}, "process_group", "a group's name")
     _short([p for p in parts if type(p) is str] if kinds != {str} else parts, "process_group")
-    _ints_in_range([p for p in parts if type(p) is int], "process_group")
+    if int in kinds:
+        _ints_in_range([p for p in parts if type(p) is int], "process_group")
 
 
 def _check_frames(column: tuple, size: int) -> None:
     """A list of frame dicts per entry; genuine dumps share frame lists and dicts between entries, so each
     distinct one is checked once."""
-    values, where = _present(column)
-    _types(values, _SEQUENCE, "frames", "a list of frames", where)
-    lists = _distinct(values)
-    _slots(lists, "frames", size)
+    values, _ = _present(column, _SEQUENCE, "frames", "a list of frames")
+    lists = values
+    if sum(map(len, values)) > size:  # lists shared between entries: each counted once
+        lists = _distinct(values)
+        _slots(lists, "frames", size)
     frames = _distinct(chain.from_iterable(lists))
     if set(map(type, frames)) - {dict}:
         raise FieldError("frames", next(f for f in frames if type(f) is not dict), "a frame (a dict)")
@@ -171,7 +165,6 @@ _CHECKED = (
     "profiling_name",
     "state",
     "collective_seq_id",
-    "p2p_seq_id",
     "process_group",
     "input_sizes",
     "output_sizes",
@@ -179,34 +172,31 @@ _CHECKED = (
     "output_dtypes",
     "frames",
 )
-_ALL_CHECKED = itemgetter(*_CHECKED)
 
 
-def _columns(entries: list) -> dict[str, tuple | list]:
-    try:  # every entry has every field: one pass at C speed
-        return dict(zip(_CHECKED, zip(*map(_ALL_CHECKED, entries), strict=True), strict=True))
-    except KeyError:
-        return {field: list(map(methodcaller("get", field), entries)) for field in _CHECKED}
-
-
-def check_entries(entries: Any, size: int) -> None:
+def check_entries(entries: Any, size: int, columns: Mapping[str, list | tuple] | None = None) -> None:
     """Raise FieldError unless every field the reader formats, compares or walks has the kind and size a
     genuine dump gives it.
 
-    `size` is the dump's size in bytes once decompressed: no genuine dump holds more slots than that."""
+    `size` is the dump's size in bytes once decompressed: no genuine dump holds more slots than that.
+    `columns` (field -> the entries' values, as the reader fetched them) saves fetching them again."""
     if not isinstance(entries, list):
         raise FieldError("entries", entries, "a list")
     if not entries:
         return
-    _types(entries, {dict}, "", "an entry (a dict)")
-    columns = _columns(entries)
-    # Columns checked alike are checked together: fewer passes (an error names the first of the pair, and
-    # an entry index counted over both).
-    _check_text([*columns["profiling_name"], *columns["state"]], "profiling_name/state")
-    _check_numbers([*columns["collective_seq_id"], *columns["p2p_seq_id"]], "collective_seq_id/p2p_seq_id")
+    if columns is None:
+        if set(map(type, entries)) != {dict}:
+            index, bad = next((i, e) for i, e in enumerate(entries) if type(e) is not dict)
+            raise FieldError(f"entries[{index}]", bad, "an entry (a dict)")
+        columns = {field: list(map(methodcaller("get", field), entries)) for field in _CHECKED}
+    for field in ("profiling_name", "state"):
+        _check_text(columns[field], field)
+    _check_numbers(columns["collective_seq_id"], "collective_seq_id")
     _check_groups(columns["process_group"])
-    _check_sizes([*columns["input_sizes"], *columns["output_sizes"]], "input_sizes/output_sizes", size)
-    _check_dtypes([*columns["input_dtypes"], *columns["output_dtypes"]], "input_dtypes/output_dtypes", size)
+    for field in ("input_sizes", "output_sizes"):
+        _check_sizes(columns[field], field, size)
+    for field in ("input_dtypes", "output_dtypes"):
+        _check_dtypes(columns[field], field, size)
     _check_frames(columns["frames"], size)
 
 
