@@ -151,6 +151,7 @@ def main() -> None:
             theirs = run_measured(
                 [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder), "-p", PREFIX],
                 args.torch_timeout,
+                merge_stderr=True,  # it logs the culprit on stderr
             )
             if theirs["timed_out"]:
                 print(f"  PyTorch fr_trace: did not finish in {args.torch_timeout:.0f} s")
