@@ -1,6 +1,7 @@
 """Category accuracy and a confusion matrix of `torchtriage triage` on labelled real logs.
 
-Usage: python benchmarks/triage_eval.py --corpus LABELLED.jsonl [--corpus MORE.jsonl] [--show-misses] [--json]
+Usage: python benchmarks/triage_eval.py --corpus LABELLED.jsonl [--corpus MORE.jsonl] [--split-at N]
+                                        [--show-misses] [--json]
 
 Each line of the JSONL needs `excerpt` (the log text) and `label` (the expected category); `accept` (every
 category that is a right answer), `id` and `key_facts` are used when present. The corpus is not part of
@@ -10,6 +11,11 @@ beside the checkout, and is taken when it is there and no path is given).
 Besides accuracy it reports how many of the numbers a good diagnosis names (ranks, sequence numbers,
 sizes, timeouts, Xids — the digits in `key_facts`) the verdict carries in its facts or evidence: a
 rough but honest proxy for "extracts the key facts wherever the log states them".
+
+In the same run, a keyword baseline classifies every excerpt: ten regexes over the whole text, the
+first that matches wins, else "hang" (a log that shows no error is most often a stalled job). It is the
+floor: per category, torchtriage must be right at least as often. `--split-at N` reports the first N
+excerpts and the rest apart (the development corpus: its older 66 and its newer 87).
 """
 
 from __future__ import annotations
@@ -25,6 +31,27 @@ from torchtriage.analysis.pipeline import triage_text
 from torchtriage.model import CATEGORIES
 
 DEFAULT_CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "dev_logs.jsonl"
+# The keyword baseline: the phrase most people would grep for, per category, most specific first.
+KEYWORDS = (
+    ("deepep", r"(?i)deep_?ep|nvshmem"),
+    ("oom", r"(?i)cuda out of memory|OutOfMemoryError"),
+    ("host_oom", r"(?i)out of memory|oom.?kill|signal 9|SIGKILL|MemoryError"),
+    ("nccl_timeout", r"(?i)watchdog|timed? ?out"),
+    ("nan_inf", r"(?i)\bnan\b|\binf\b|overflow"),
+    ("gpu_fault", r"(?i)illegal memory access|device-side assert|Xid|ECC"),
+    ("nccl_transport", r"(?i)nccl ?(?:error|warn)|ncclSystemError|ncclInternalError|unhandled (?:system|cuda) error"),
+    ("rendezvous", r"(?i)rendezvous|TCPStore|address already in use"),
+    ("environment", r"(?i)undefined symbol|version|not found|No such file|SIGBUS|/dev/shm"),
+    ("usage", r"(?i)size mismatch|expected|unused parameters|KeyError|TypeError|ValueError"),
+)
+_KEYWORDS = [(category, re.compile(pattern)) for category, pattern in KEYWORDS]
+
+
+def keyword_category(text: str) -> str:
+    """The baseline's verdict: the first keyword that appears, else hang."""
+    return next((category for category, pattern in _KEYWORDS if pattern.search(text)), "hang")
+
+
 _NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
 
 
@@ -75,17 +102,25 @@ def main() -> int:
     parser.add_argument("--corpus", action="append", type=Path, metavar="PATH", help="a labelled JSONL file")
     parser.add_argument("--show-misses", action="store_true", help="print each misclassified excerpt's verdict")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
+    parser.add_argument("--split-at", type=int, metavar="N", help="also report the first N excerpts and the rest apart")
     args = parser.parse_args()
     paths = _corpus_paths(args)
     if paths is None:
         return 2
     rows = load(paths)
     confusion: Counter[tuple[str, str]] = Counter()
+    baseline: Counter[tuple[str, bool]] = Counter()  # (label, right) for the keyword baseline
+    ours: Counter[tuple[str, bool]] = Counter()
+    right_by_row: list[tuple[bool, bool]] = []
     misses = []
     wanted_total = found_total = 0
     for row in rows:
         verdict = triage_text(row["excerpt"], row["id"])
         right = verdict.category in right_answers(row)
+        floor = keyword_category(row["excerpt"]) in right_answers(row)
+        ours[(row["label"], right)] += 1
+        baseline[(row["label"], floor)] += 1
+        right_by_row.append((right, floor))
         confusion[(row["label"], row["label"] if right else verdict.category)] += 1
         if not right:
             misses.append((row, verdict))
@@ -110,6 +145,15 @@ def main() -> int:
                     "facts_wanted": wanted_total,
                     "confusion": {f"{a}->{b}": n for (a, b), n in sorted(confusion.items())},
                     "misses": [row["id"] for row, _ in misses],
+                    "baseline_accuracy": sum(f for _, f in right_by_row) / len(rows) if rows else 0.0,
+                    "per_category": {
+                        label: {
+                            "ours": ours[(label, True)],
+                            "baseline": baseline[(label, True)],
+                            "n": ours[(label, True)] + ours[(label, False)],
+                        }
+                        for label in sorted({label for label, _ in ours})
+                    },
                 },
                 indent=2,
             )
@@ -118,6 +162,22 @@ def main() -> int:
     print(f"excerpts: {len(rows)}   category accuracy: {correct}/{len(rows)} = {accuracy:.1%}")
     if wanted_total:
         print(f"key numbers carried in facts/evidence: {found_total}/{wanted_total} = {found_total / wanted_total:.1%}")
+    floor_total = sum(f for _, f in right_by_row)
+    print(
+        f"keyword baseline (first of ten regexes, else hang): {floor_total}/{len(rows)} = {floor_total / len(rows):.1%}"
+    )
+    if args.split_at:
+        for name, part in (("first", right_by_row[: args.split_at]), ("rest", right_by_row[args.split_at :])):
+            if part:
+                print(
+                    f"  {name} {len(part)}: torchtriage {sum(r for r, _ in part)}/{len(part)}, "
+                    f"baseline {sum(f for _, f in part)}/{len(part)}"
+                )
+    print("\nper category: torchtriage / baseline / excerpts (a ! marks a category below the baseline)")
+    for label in sorted({label for label, _ in ours}):
+        n = ours[(label, True)] + ours[(label, False)]
+        mark = " !" if ours[(label, True)] < baseline[(label, True)] else ""
+        print(f"  {label:>14} {ours[(label, True)]:>4} {baseline[(label, True)]:>4} {n:>4}{mark}")
     short = {c: c[:8] for c in labels}
     print("\nconfusion (rows: label, columns: verdict)")
     print(" " * 15 + " ".join(f"{short[c]:>8}" for c in labels))
