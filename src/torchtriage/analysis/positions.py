@@ -81,6 +81,28 @@ def _waiting(frames: Sequence[Frame], python: list[Frame], native_top: list[Fram
     return None
 
 
+def _native_only(frames: Sequence[Frame], known: StackKnowledge) -> tuple[RankState, str | None, Frame | None]:
+    """A stack of native frames alone (gdb's backtrace, py-spy --native of a thread without Python): a
+    wait anywhere on it decides; else a lock or a sleep at its top."""
+    for frame in frames:
+        if known.native_work_wait.match(frame.function):
+            return RankState.COLLECTIVE, "Work.wait", frame
+        if known.native_gpu_wait.match(frame.function):
+            return RankState.GPU_WAIT, frame.function, frame
+    for frame in frames:
+        if known.native_c10d.match(frame.function):
+            return RankState.COLLECTIVE, frame.function, frame
+    top = [f for f in frames[:8] if not f.function.startswith(("0x", "??"))]
+    for frame in top:
+        if known.native_lock.match(frame.function):
+            return RankState.LOCK, frame.function, frame
+        if known.native_sleep.match(frame.function):
+            return RankState.SLEEPING, "sleep", frame
+    if not top:
+        return RankState.NO_STACK, None, None  # addresses only: nothing says where it is
+    return RankState.BLOCKED, top[0].function, top[0]
+
+
 def classify_frames(frames: Sequence[Frame], active: bool | None) -> tuple[RankState, str | None, Frame | None]:
     """(state, op, the deciding frame) of one thread, from its frames innermost first.
 
@@ -90,7 +112,7 @@ def classify_frames(frames: Sequence[Frame], active: bool | None) -> tuple[RankS
     known = stack_knowledge()
     python = [f for f in frames if not f.native]
     if not python:
-        return RankState.NO_STACK, None, None
+        return _native_only(frames, known)
     native_top = _native_until_python(frames)
     waiting = _waiting(frames, python, native_top, known)
     if waiting:

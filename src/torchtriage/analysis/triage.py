@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
+from torchtriage.analysis.stall import assess_stall
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
@@ -84,6 +85,8 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             continue
         if (tb.file, tb.exception_line) in matched_lines:
             continue
+        if tb.exception.rsplit(".", 1)[-1] in _INTERRUPTS:
+            continue  # stopped from outside: the stall layer reads where it was
         candidates.append(
             _Candidate(
                 role=_exception_role(tb),
@@ -103,6 +106,8 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
 
 
 _BLOCKED_RULE = "hang.stack_in_collective"
+# Exceptions raised into a rank from outside (Ctrl-C): evidence of where it was, never a cause.
+_INTERRUPTS = ("KeyboardInterrupt",)
 UNCAUGHT_EXCEPTION = "logs.uncaught_exception"
 
 
@@ -237,6 +242,12 @@ def _nothing_found(records: LogRecords) -> Assessment:
 def assess_logs(records: LogRecords) -> Assessment:
     """What the logs say: the first failure, the ranks that started it, their line, the rest as collateral."""
     candidates = _candidates(records)
+    if all(c.role == "collateral" for c in candidates):
+        # No error of its own: where the logs stop, the lowest layer, speaks before any aftermath does.
+        stall = assess_stall(records)
+        if stall is not None:
+            stall.findings += _findings(candidates)
+            return stall
     if not candidates:
         return _nothing_found(records)
 

@@ -18,6 +18,7 @@ STRUCTURE_MARKERS = (
     'File "',
     "Error",
     "Exception",
+    "KeyboardInterrupt",  # a traceback's exception line that holds neither word above
     "Root Cause (first observed failure)",
     "Failures:",
     # the fields of torchrun's report that name the rank and how it ended

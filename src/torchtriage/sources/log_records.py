@@ -18,7 +18,7 @@ from torchtriage.model import Frame
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.lines import normalise
-from torchtriage.sources.logs import MAX_LINE_CHARS, scan_lines
+from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, scan_lines
 from torchtriage.sources.registry import Input, open_input
 
 
@@ -65,6 +65,34 @@ class ChildFailure:
 
 
 @dataclass
+class LogTail:
+    """The last lines of one log, raw: where a log that shows no error stops is the evidence of a stall."""
+
+    file: str
+    rank: int | None  # the rank the file's name implies
+    first_line: int
+    data: bytes
+
+    def lines(self) -> list[tuple[int, str, int | None]]:
+        """(line number, normalised text, rank) of every line of the tail."""
+        out = []
+        for number, raw in enumerate(self.data.decode("utf-8", errors="replace").splitlines(), self.first_line):
+            line = normalise(raw[:MAX_LINE_CHARS])
+            out.append((number, line.text, line.rank if line.rank is not None else self.rank))
+        return out
+
+
+# The bytes of tails kept across every log of one triage, and per log.
+_TAIL_TOTAL = 32 << 20
+_TAIL_PER_FILE = (16 << 10, 256 << 10)
+
+
+def _tail_bytes(files: int) -> int:
+    low, high = _TAIL_PER_FILE
+    return max(low, min(high, _TAIL_TOTAL // max(files, 1)))
+
+
+@dataclass
 class LogRecords:
     events: list[LogEvent] = field(default_factory=list)
     tracebacks: list[PyTraceback] = field(default_factory=list)
@@ -72,6 +100,7 @@ class LogRecords:
     ranks_seen: set[int] = field(default_factory=set)
     files_read: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    tails: list[LogTail] = field(default_factory=list)
 
 
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
@@ -241,8 +270,9 @@ def read_logs(
             records.problems.append(f"{artifact.display}: cannot be read: {err.strerror or err}.")
             continue
         reader = _FileReader(artifact, matcher, records)
+        tail = Tail(_tail_bytes(len(artifacts)))
         try:
-            for line_no, raw in scan_lines(stream, matcher.prefilter):
+            for line_no, raw in scan_lines(stream, matcher.prefilter, tail):
                 reader.feed(line_no, raw)
             if getattr(stream, "truncated", False):
                 records.problems.append(
@@ -258,4 +288,6 @@ def read_logs(
             reader.close()
             stream.close()
         records.files_read.append(artifact.display)
+        if tail.data:
+            records.tails.append(LogTail(artifact.display, artifact.rank, tail.first_line, tail.data))
     return records

@@ -1,0 +1,230 @@
+"""The lowest layer of triage: a log that shows no error, only where the job stopped.
+
+Most reports of a stalled job carry no error at all. The user pressed Ctrl-C (Python printed the stack
+it interrupted; torchrun said it received the signal), or pasted a stack dump of the stuck processes
+(faulthandler, py-spy, gdb, a traceback without its exception), or the log simply stops: after NCCL's
+set-up, a progress bar, a checkpoint save. This layer reads the end of each log for those signs; it
+speaks only when no error family did, so a log with a real error keeps its category.
+
+Stacks go through the one stack classifier live `diagnose` uses (`analysis.positions`, with the tables
+of `knowledge/frames.toml`); with the stacks of several ranks, the same cross-rank analysis names the
+rank that is not where the others wait. The rest is said with the confidence it deserves: low.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchtriage.analysis.positions import describe, position_of
+from torchtriage.analysis.stacks import analyze_positions, assess_stacks
+from torchtriage.knowledge.stall import StallKnowledge, stall_knowledge
+from torchtriage.model import Assessment, Evidence, Finding, RankPosition, RankState, SourceKind
+from torchtriage.ranks import format_ranks
+from torchtriage.sources.log_records import LogRecords, LogTail
+from torchtriage.sources.log_stacks import LogStack, stacks_in
+
+INTERRUPTED = "hang.interrupted"
+STACK_DUMP = "hang.stack_dump"
+LOG_STOPS = "hang.log_stops"
+# The exceptions a stalled job is stopped with from outside: their traceback is where it was stuck.
+_INTERRUPT_EXCEPTIONS = frozenset({"KeyboardInterrupt"})
+# How many of a log's last lines are searched for a sign of interruption.
+_INTERRUPT_WINDOW = 400
+
+
+@dataclass
+class TailReading:
+    """What the end of one log says."""
+
+    file: str
+    stacks: list[LogStack]
+    interrupt: tuple[int, str, int | None] | None  # (line, text, rank) of the last sign of Ctrl-C
+    last: tuple[int, str, int | None] | None  # the last line that carries something
+    finished: bool  # the log ends saying the job finished
+    failed: bool  # its last lines show a failure no rule knows (an error line, an exit code, a C++ backtrace)
+
+
+def stops_with_interrupt(stack: LogStack) -> bool:
+    return stack.exception is not None and stack.exception.rsplit(".", 1)[-1] in _INTERRUPT_EXCEPTIONS
+
+
+def _shows_a_stall(stack: LogStack, interrupted: bool) -> bool:
+    """Whether a stack is where a stuck process was, rather than a failure's traceback cut short.
+
+    A dump (faulthandler, py-spy, gdb) and a traceback ending in KeyboardInterrupt are; so is a stack
+    printed without the traceback header (`traceback.print_stack`, a paste of frames). A traceback under
+    its header whose exception line is missing was cut off: an error, unless the job was interrupted."""
+    if stack.form != "traceback" or stops_with_interrupt(stack):
+        return True
+    return stack.exception is None and (not stack.headed or interrupted)
+
+
+def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
+    lines = tail.lines()
+    window = lines[-_INTERRUPT_WINDOW:]
+    interrupt = next((item for item in reversed(window) if known.interrupted(item[1])), None)
+    stacks = [s for s in stacks_in(lines) if _shows_a_stall(s, interrupt is not None)]
+    last = next((item for item in reversed(lines) if not known.is_noise(item[1])), None)
+    finished = last is not None and known.finished_by(last[1])
+    framed = {f.printed_at for stack in stacks for f in stack.frames}  # a frame's name is not an error line
+    failed = any(known.shows_failure(text) for number, text, _ in window if number not in framed)
+    return TailReading(tail.file, stacks, interrupt, last, finished, failed)
+
+
+def _position(stack: LogStack, file: str) -> RankPosition:
+    return position_of(
+        stack.rank if stack.rank is not None else -1,
+        stack.frames,
+        active=stack.active,
+        source=SourceKind.LOG,
+        file=file,
+        thread_name=stack.thread,
+    )
+
+
+_PREFERENCE = {RankState.COLLECTIVE: 0, RankState.GPU_WAIT: 1, RankState.DATALOADER: 2, RankState.LOCK: 3}
+
+
+def _telling(positions: list[RankPosition]) -> RankPosition:
+    """Of one process's threads, the one that says most: waiting in a collective or for the GPU, in the
+    data loader, on a lock; else the main thread; else the last stack printed."""
+    return min(
+        reversed(positions),
+        key=lambda p: (
+            _PREFERENCE.get(p.state, 9),
+            p.thread_name not in (None, "MainThread"),
+            p.state is RankState.NO_STACK,
+        ),
+    )
+
+
+def _stack_evidence(position: RankPosition, stack_line: int) -> list[Evidence]:
+    frames = [f for f in (position.where, position.user_frame) if f is not None]
+    unique = list(dict.fromkeys(id(f) for f in frames))
+    shown = [next(f for f in frames if id(f) == i) for i in unique]
+    rank = position.rank if position.rank >= 0 else None
+    return [Evidence("log", position.file, f.printed_at or stack_line, rank, f.text) for f in shown] or [
+        Evidence("log", position.file, stack_line, rank, "a stack with no frame the classifier could read")
+    ]
+
+
+def _who(position: RankPosition) -> str:
+    return f"rank {position.rank}" if position.rank >= 0 else "the process"
+
+
+def assess_stall(records: LogRecords, known: StallKnowledge | None = None) -> Assessment | None:
+    """A `hang` assessment from the ends of the logs, or None when they carry no sign of a stall."""
+    known = known or stall_knowledge()
+    readings = [read_tail(tail, known) for tail in records.tails]
+    stacks = [(r, s) for r in readings for s in r.stacks]
+    interrupts = [(r, r.interrupt) for r in readings if r.interrupt is not None]
+    if any(r.failed for r in readings) and not interrupts:
+        return None  # a failure no rule knows is not a stall: it stays unknown
+    if not stacks and not interrupts:
+        ends = [(r, r.last) for r in readings if r.last is not None]
+        if not ends or all(r.finished for r, _ in ends):
+            return None
+        return _log_stops(records, ends)
+
+    by_rank: dict[int, list[tuple[RankPosition, LogStack]]] = {}
+    for reading, stack in stacks:
+        position = _position(stack, reading.file)
+        by_rank.setdefault(position.rank, []).append((position, stack))
+    chosen: dict[int, tuple[RankPosition, LogStack]] = {}
+    for rank, items in by_rank.items():
+        best = _telling([p for p, _ in items])
+        chosen[rank] = next(item for item in items if item[0] is best)
+
+    findings: list[Finding] = []
+    culprits: list[int] = []
+    confidence = "low"
+    facts: dict = {"ranks_seen": sorted(records.ranks_seen)}
+    ranked = {rank: item for rank, item in chosen.items() if rank >= 0}
+    if len(ranked) >= 2:
+        analysis = analyze_positions({rank: position for rank, (position, _) in ranked.items()})
+        stacks_said = assess_stacks(analysis, records.files_read)
+        findings += stacks_said.findings
+        culprits = list(stacks_said.culprits)
+        confidence = "medium" if culprits else "low"
+        facts |= stacks_said.facts
+    elif chosen:
+        best = _telling([position for position, _ in chosen.values()])
+        position, stack = next(item for item in chosen.values() if item[0] is best)
+        said = describe(position)
+        findings.append(
+            Finding(
+                STACK_DUMP,
+                [position.rank] if position.rank >= 0 else [],
+                f"The {stack.form} stack of {_who(position)} shows it {said}",
+                "symptom",
+                "hang",
+                _stack_evidence(position, stack.line),
+                {"position": said, "state": str(position.state), "form": stack.form},
+            )
+        )
+        if position.user_frame is not None:
+            facts["user_frame"] = position.user_frame.to_fact(position.rank if position.rank >= 0 else None)
+        confidence = "medium" if position.waiting else "low"
+    if interrupts:
+        reading, (line, text, rank) = interrupts[0]
+        where = findings[0].message if findings else "no stack of where it was"
+        findings.insert(
+            0,
+            Finding(
+                INTERRUPTED,
+                [rank] if rank is not None else [],
+                "The job was interrupted (Ctrl-C) with no error before it: it had stopped making progress",
+                "symptom",
+                "hang",
+                [Evidence("log", reading.file, line, rank, text[:500])],
+                {"where": where},
+            ),
+        )
+    lead = next((f for f in findings if f.role == "primary"), findings[0])
+    summary = lead.message
+    if interrupts and lead.kind == INTERRUPTED and len(findings) > 1:
+        summary = f"{lead.message}; {findings[1].message}"
+    return Assessment(
+        source="logs",
+        findings=findings,
+        summary=summary,
+        category="hang",
+        culprits=culprits,
+        confidence=confidence,
+        facts=facts,
+        files=records.files_read,
+        problems=records.problems,
+        lead=lead,
+        blaming=next((f for f in findings if f.blames), None),
+    )
+
+
+def _log_stops(records: LogRecords, ends: list[tuple[TailReading, tuple[int, str, int | None]]]) -> Assessment:
+    """Only where the logs stop: said with low confidence, with what to capture next."""
+    known = stall_knowledge()
+    reading, (line, text, rank) = ends[-1]
+    doing = known.doing(text)
+    what = f"{doing}" if doing else "its last line"
+    ranks = sorted(records.ranks_seen)
+    seen = f"; ranks seen: {format_ranks(ranks)}" if ranks else ""
+    finding = Finding(
+        LOG_STOPS,
+        [rank] if rank is not None else [],
+        f"The log shows no error and stops after {what}: {text.strip()[:200]}{seen}",
+        "symptom",
+        "hang",
+        [Evidence("log", reading.file, line, rank, text.strip()[:500])],
+        {"last_line": text.strip()[:500], "doing": doing or "", "stopped_after": what},
+    )
+    return Assessment(
+        source="logs",
+        findings=[finding],
+        summary=finding.message,
+        category="hang",
+        culprits=[],
+        confidence="low",
+        facts={"ranks_seen": ranks, "last_line": finding.facts["last_line"]},
+        files=records.files_read,
+        problems=records.problems,
+        lead=finding,
+    )

@@ -1,0 +1,63 @@
+"""The signs of a stall, read from `stall.toml`: what says a job was interrupted, finished, or where its
+log stopped. Data for the lowest layer of triage (`analysis.stall`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from torchtriage.knowledge.linear_regex import compile_linear
+from torchtriage.knowledge.loader import KNOWLEDGE_DIR, STRING, STRINGS, TABLE, TABLES, check_table, read_toml
+
+STALL_FILE = KNOWLEDGE_DIR / "stall.toml"
+
+
+@dataclass(frozen=True)
+class StallKnowledge:
+    interrupt: tuple[Any, ...]
+    finished: tuple[Any, ...]
+    noise: tuple[Any, ...]
+    failure: tuple[Any, ...]
+    last_line: tuple[tuple[str, tuple[Any, ...]], ...]  # (what the job was doing, patterns)
+
+    def interrupted(self, text: str) -> bool:
+        return any(p.search(text) for p in self.interrupt)
+
+    def finished_by(self, text: str) -> bool:
+        return any(p.search(text) for p in self.finished)
+
+    def shows_failure(self, text: str) -> bool:
+        return any(p.search(text) for p in self.failure)
+
+    def is_noise(self, text: str) -> bool:
+        return any(p.search(text) for p in self.noise)
+
+    def doing(self, text: str) -> str | None:
+        """What a log's last line says the job was doing, or None."""
+        return next((what for what, patterns in self.last_line if any(p.search(text) for p in patterns)), None)
+
+
+def _patterns(table: dict, where: str) -> tuple[Any, ...]:
+    return tuple(compile_linear(p, where) for p in table["patterns"])
+
+
+@lru_cache(maxsize=1)
+def stall_knowledge() -> StallKnowledge:
+    raw = check_table(
+        read_toml(STALL_FILE),
+        STALL_FILE.name,
+        {"interrupt": TABLE, "finished": TABLE, "noise": TABLE, "failure": TABLE, "last_line": TABLES},
+    )
+    sections = {}
+    for name in ("interrupt", "finished", "noise", "failure"):
+        where = f"{STALL_FILE.name} [{name}]"
+        sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
+    last = []
+    for index, item in enumerate(raw["last_line"]):
+        where = f"{STALL_FILE.name} [[last_line]] {index + 1}"
+        table = check_table(item, where, {"what": STRING, "patterns": STRINGS})
+        last.append((table["what"], _patterns(table, where)))
+    return StallKnowledge(
+        sections["interrupt"], sections["finished"], sections["noise"], sections["failure"], tuple(last)
+    )

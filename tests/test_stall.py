@@ -1,0 +1,197 @@
+"""The lowest layer of triage: logs that show no error, only where a stalled job stopped.
+
+Every log here is written from the formats of the programs that print it: CPython's traceback and
+faulthandler (Python/traceback.c), py-spy's `dump` (src/dump.rs), gdb's `backtrace`, torchrun's agent
+(torch/distributed/elastic/agent/server/api.py), tqdm's bar, NCCL's INFO lines (src/init.cc).
+"""
+
+import gzip
+
+from conftest import triage_json
+from torchtriage import exit_codes
+
+SITE = "/usr/lib/python3.11/site-packages"
+C10D = f"{SITE}/torch/distributed/distributed_c10d.py"
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def interrupted_in_all_reduce(rank):
+    return [
+        f"[rank{rank}]: Traceback (most recent call last):",
+        f'[rank{rank}]:   File "/job/train.py", line 90, in <module>',
+        f"[rank{rank}]:     main()",
+        f'[rank{rank}]:   File "/job/train.py", line 63, in main',
+        f"[rank{rank}]:     dist.all_reduce(loss)",
+        f'[rank{rank}]:   File "{SITE}/torch/distributed/c10d_logger.py", line 83, in wrapper',
+        f"[rank{rank}]:     return func(*args, **kwargs)",
+        f'[rank{rank}]:   File "{C10D}", line 2501, in all_reduce',
+        f"[rank{rank}]:     work.wait()",
+        f"[rank{rank}]: KeyboardInterrupt",
+    ]
+
+
+def interrupted_in_dataloader(rank):
+    loader = f"{SITE}/torch/utils/data/dataloader.py"
+    return [
+        f"[rank{rank}]: Traceback (most recent call last):",
+        f'[rank{rank}]:   File "/job/train.py", line 90, in <module>',
+        f"[rank{rank}]:     main()",
+        f'[rank{rank}]:   File "/job/train.py", line 58, in main',
+        f"[rank{rank}]:     batch = next(it)",
+        f'[rank{rank}]:   File "{loader}", line 631, in __next__',
+        f"[rank{rank}]:     data = self._next_data()",
+        f'[rank{rank}]:   File "{loader}", line 1328, in _next_data',
+        f"[rank{rank}]:     idx, data = self._get_data()",
+        f'[rank{rank}]:   File "{loader}", line 1294, in _get_data',
+        f"[rank{rank}]:     success, data = self._try_get_data()",
+        f'[rank{rank}]:   File "/usr/lib/python3.11/threading.py", line 331, in wait',
+        f"[rank{rank}]:     gotit = waiter.acquire(True, timeout)",
+        f"[rank{rank}]: KeyboardInterrupt",
+    ]
+
+
+def test_ctrl_c_on_a_stuck_job_names_the_rank_that_is_not_where_the_others_wait(tmp_path):
+    agent = "W1201 10:00:00.000000 611 torch/distributed/elastic/agent/server/api.py:704]"
+    lines = [f"{agent} Received 2 death signal, shutting down workers"]
+    for rank in range(4):
+        lines += interrupted_in_dataloader(rank) if rank == 2 else interrupted_in_all_reduce(rank)
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (code, verdict["category"], verdict["culprit_ranks"]) == (exit_codes.PROBLEM_FOUND, "hang", [2])
+    kinds = [f["kind"] for f in verdict["findings"]]
+    assert kinds[0] == "hang.interrupted" and "stacks.not_in_collective" in kinds
+    assert verdict["confidence"] != "high"  # an interrupted paste is not a live dump of every rank
+    assert "KeyboardInterrupt" not in verdict["summary"]  # the interrupt is how it stopped, not why
+
+
+def test_one_interrupted_rank_says_where_it_waited_and_blames_nobody(tmp_path):
+    code, verdict = triage_json(write(tmp_path, "rank0.log", ["^C", *interrupted_in_all_reduce(0)]))
+    assert (code, verdict["category"], verdict["culprit_ranks"]) == (exit_codes.PROBLEM_FOUND, "hang", [])
+    dump = next(f for f in verdict["findings"] if f["kind"] == "hang.stack_dump")
+    assert "waits in all_reduce, called from main at /job/train.py:63" in dump["message"]
+
+
+def test_a_faulthandler_dump_of_a_stuck_rank_is_read_innermost_first(tmp_path):
+    lines = [
+        "step 811 loss 2.113",
+        "Timeout (0:05:00)!",
+        "Thread 0x00007f3cc367c6c0 (most recent call first):",
+        f'  File "{SITE}/torch/cuda/__init__.py", line 1040 in synchronize',
+        '  File "/job/train.py", line 71 in step',
+        '  File "/job/train.py", line 90 in <module>',
+    ]
+    code, verdict = triage_json(write(tmp_path, "rank5.log", lines))
+    assert (verdict["category"], verdict["confidence"]) == ("hang", "medium")
+    dump = next(f for f in verdict["findings"] if f["kind"] == "hang.stack_dump")
+    assert "waits for the GPU in torch.cuda.synchronize, called from step at /job/train.py:71" in dump["message"]
+    assert dump["ranks"] == [5]  # the rank from the file's name
+
+
+def test_a_pasted_py_spy_dump_prefers_the_thread_that_waits(tmp_path):
+    lines = [
+        "step 12 loss 3.02",  # a log that the dump was pasted into
+        "Process 4242: python train.py --steps 1000",
+        "Python v3.11.7 (/usr/bin/python3.11)",
+        "",
+        'Thread 4242 (idle): "MainThread"',
+        "    wait (threading.py:327)",
+        "    get (queue.py:171)",
+        "    main (train.py:40)",
+        'Thread 4250 (idle): "Thread-1 (pin_memory)"',
+        "    select (selectors.py:415)",
+    ]
+    code, verdict = triage_json(write(tmp_path, "dump.txt", lines))
+    assert verdict["category"] == "hang"
+    dump = next(f for f in verdict["findings"] if f["kind"] == "hang.stack_dump")
+    assert "blocked on a lock (wait) in main at train.py:40" in dump["message"]
+
+
+def test_a_gdb_backtrace_inside_a_device_copy_is_a_wait_for_the_gpu(tmp_path):
+    lines = (
+        ["(gdb) bt"]
+        + [f"#{n}  0x000014cd955ebd{n:02x} in ?? () from /lib64/libcuda.so.1" for n in range(4)]
+        + [
+            "#4  0x000014cdd8a6cf36 in cudaMemcpyAsync () from /usr/local/cuda/lib64/libcudart.so.12",
+            "#5  0x000014cdb53ae194 in at::native::_local_scalar_dense_cuda(at::Tensor const&) ()",
+            "   from /opt/venv/lib/python3.11/site-packages/torch/lib/libtorch_cuda.so",
+            "#6  0x000014cdb53af000 in at::_ops::_local_scalar_dense::call(at::Tensor const&) ()",
+        ]
+    )
+    code, verdict = triage_json(write(tmp_path, "gdb.txt", lines))
+    assert verdict["category"] == "hang"
+    dump = next(f for f in verdict["findings"] if f["kind"] == "hang.stack_dump")
+    assert "gdb stack" in dump["message"] and "for the GPU in cudaMemcpyAsync" in dump["message"]
+
+
+def test_a_launcher_stuck_in_waitpid_with_its_frame_lines_wrapped(tmp_path):
+    launch = f"{SITE}/torch/distributed/launch.py"
+    lines = [
+        f'  File "{launch}", line 235,',
+        " in <module>",
+        "    main()",
+        f'  File "{launch}", line 228,',
+        " in main",
+        "    process.wait()",
+        '  File "/usr/lib/python3.11/subprocess.py", line 1264, in wait',
+        "    return self._wait(timeout=timeout)",
+        '  File "/usr/lib/python3.11/subprocess.py", line 2046, in _wait',
+        "    (pid, sts) = self._try_wait(0)",
+        '  File "/usr/lib/python3.11/subprocess.py", line 2004, in _try_wait',
+        "    (pid, sts) = os.waitpid(self.pid, wait_flags)",
+    ]
+    code, verdict = triage_json(write(tmp_path, "launcher.log", lines))
+    assert verdict["category"] == "hang"
+    dump = next(f for f in verdict["findings"] if f["kind"] == "hang.stack_dump")
+    assert "blocked in _try_wait" in dump["message"]
+
+
+def test_a_log_that_stops_after_a_progress_bar_is_a_hang_of_low_confidence(tmp_path):
+    lines = ["[2026-12-01 04:53:37] Beginning epoch 0...", "Epoch 0:   0%|          | 0/1234 [00:00<?, ?it/s]"]
+    code, verdict = triage_json(write(tmp_path, "train.log", lines))
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.PROBLEM_FOUND, "hang", "low")
+    assert "stops after a progress bar" in verdict["summary"]
+
+
+def test_a_finished_job_is_not_a_stall(tmp_path):
+    lines = ["Epoch 9: 100%|##########| 1234/1234 [10:00<00:00, 2.05it/s]", "Training completed."]
+    code, verdict = triage_json(write(tmp_path, "train.log", lines))
+    assert (code, verdict["findings"]) == (exit_codes.OK, [])
+
+
+def test_a_failure_no_rule_knows_is_not_called_a_stall(tmp_path):
+    lines = [
+        "step 3 loss 1.2",
+        "terminate called after throwing an instance of 'c10::Error'",
+        f"frame #3: <unknown function> + 0x5bab84a (0x7fadd1edf84a in {SITE}/torch/lib/libtorch_cpu.so)",
+    ]
+    code, verdict = triage_json(write(tmp_path, "rank0.log", lines))
+    assert verdict["category"] != "hang"
+
+
+def test_a_segfault_dump_is_a_crash_not_a_stall(tmp_path):
+    lines = [
+        "step 3 loss 1.2",
+        "Fatal Python error: Segmentation fault",
+        "",
+        "Current thread 0x00007f3cc43e3b80 (most recent call first):",
+        '  File "/job/train.py", line 71 in step',
+    ]
+    code, verdict = triage_json(write(tmp_path, "rank1.log", lines))
+    assert verdict["category"] != "hang"
+
+
+def test_a_real_error_keeps_its_category_when_the_job_was_also_interrupted(tmp_path):
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79 GiB"
+    code, verdict = triage_json(write(tmp_path, "job.log", [f"[rank3]: {oom}", "^C", *interrupted_in_all_reduce(0)]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [3])
+
+
+def test_the_stall_layer_reads_gzip_and_stdin_alike(tmp_path):
+    lines = ["NCCL INFO Bootstrap : Using eth0:10.0.0.5<0>", "node1:100:200 [0] NCCL INFO Channel 00/02 :    0   1"]
+    (tmp_path / "train.log.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
+    code, verdict = triage_json(tmp_path / "train.log.gz")
+    assert verdict["category"] == "hang" and "NCCL's set-up" in verdict["summary"]
