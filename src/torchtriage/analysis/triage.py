@@ -19,6 +19,7 @@ from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_c
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.stall import assess_stall
+from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
@@ -91,7 +92,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             _Candidate(
                 role=_exception_role(tb),
                 priority=1,
-                category="unknown",
+                category=stack_knowledge().category_raised_in(tb.frames[::-1]) or "unknown",
                 kind=UNCAUGHT_EXCEPTION,
                 title=f"{tb.exception} raised",
                 rank=tb.rank,

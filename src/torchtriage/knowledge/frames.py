@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -20,6 +21,7 @@ from torchtriage.knowledge.loader import (
     check_table,
     read_toml,
 )
+from torchtriage.model import CATEGORIES, Frame
 
 FRAMES_FILE = KNOWLEDGE_DIR / "frames.toml"
 _STDLIB = frozenset(sys.stdlib_module_names)
@@ -40,6 +42,18 @@ class StackKnowledge:
     native_gpu_wait: re.Pattern[str]
     native_lock: re.Pattern[str]
     native_sleep: re.Pattern[str]
+    raised_in: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = ()  # (path fragments, functions, category)
+
+    def category_raised_in(self, frames: Sequence[Frame]) -> str | None:
+        """The category of the place an exception was raised: the innermost frame (`frames` innermost
+        first) in a `raised_in` place, or None."""
+        for frame in frames:
+            path = "/" + frame.file.replace("\\", "/")
+            name = frame.function.rsplit(".", 1)[-1]
+            for fragments, functions, category in self.raised_in:
+                if any("/" + fragment in path for fragment in fragments) and (not functions or name in functions):
+                    return category
+        return None
 
     def is_library_file(self, path: str) -> bool:
         """Library code: installed packages, the standard library, torch; anything else is the user's.
@@ -68,7 +82,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         read_toml(path),
         path.name,
         {"libraries": TABLE, "collectives": TABLES, "gpu_waits": TABLES, "dataloader": TABLE, "locks": TABLES},
-        {"native": TABLE},
+        {"native": TABLE, "raised_in": TABLES},
     )
     name = path.name
     libraries = check_table(data["libraries"], f"{name} [libraries]", {"packages": STRINGS, "path_patterns": STRINGS})
@@ -92,6 +106,14 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
     for index, raw in enumerate(data["locks"]):
         entry = check_table(raw, f"{name} [[locks]] #{index + 1}", {"file": STRING, "functions": STRINGS})
         locks[entry["file"]] = frozenset(entry["functions"])
+    raised_in = []
+    for index, raw in enumerate(data.get("raised_in", [])):
+        entry = check_table(
+            raw, f"{name} [[raised_in]] #{index + 1}", {"files": STRINGS, "category": STRING}, {"functions": STRINGS}
+        )
+        if entry["category"] not in CATEGORIES:
+            raise KnowledgeError(f"{name} [[raised_in]] #{index + 1}: unknown category {entry['category']!r}")
+        raised_in.append((tuple(entry["files"]), frozenset(entry.get("functions", [])), entry["category"]))
     native_keys = ("work_wait", "c10d", "gpu_wait", "lock", "sleep")
     native = check_table(data.get("native", {}), f"{name} [native]", {k: STRING for k in native_keys})
     where = f"{name} [native]"
@@ -108,6 +130,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         native_gpu_wait=_compile(native["gpu_wait"], where),
         native_lock=_compile(native["lock"], where),
         native_sleep=_compile(native["sleep"], where),
+        raised_in=tuple(raised_in),
     )
 
 

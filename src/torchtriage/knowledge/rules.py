@@ -165,6 +165,11 @@ def _ratio(raw: dict | None, where: str) -> tuple[str, str, float] | None:
 
 
 def _patterns(raw: dict, where: str) -> tuple[list[Any], list[str]]:
+    for text in raw.get("patterns", []):
+        if text.endswith(" ") and not text.endswith("\\ "):
+            # Lines are matched with their trailing whitespace stripped: a message cut right after this
+            # space would never match.
+            raise RuleError(f"{where}: pattern {text!r} ends with a space, which a stripped line never has")
     patterns = [compile_linear(text, where) for text in raw.get("patterns", [])]
     anchors = list(raw.get("anchors", []))
     if patterns and not anchors:

@@ -9,8 +9,10 @@ megabyte-long line costs no more memory than a block.
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 BLOCK_BYTES = 8 << 20
 # A hit line is cut to this length before matching: messages that matter are short, and a
@@ -59,11 +61,15 @@ def scan_lines(stream: BinaryIO, prefilter, tail: Tail | None = None) -> Iterato
     fill `tail` with the stream's last bytes."""
     carry = b""
     line_base = 1  # number of the first line in `buffer`
+    width: Wrapping | None = None
+    first = True
     while True:
         block = stream.read(BLOCK_BYTES)
         if not block and not carry:
             break
         buffer = carry + block
+        if first:  # the first block shows whether the log was hard-wrapped
+            width, first = wrap_width(buffer[:_WRAP_SAMPLE]), False
         if block:
             cut = buffer.rfind(b"\n") + 1
             if cut == 0 and len(buffer) < BLOCK_BYTES:
@@ -73,7 +79,16 @@ def scan_lines(stream: BinaryIO, prefilter, tail: Tail | None = None) -> Iterato
                 cut = len(buffer)  # a line longer than a block: scan it in pieces
         else:
             cut = len(buffer)  # end of input: the last line needs no newline
-        yield from _hits(buffer, cut, prefilter, line_base)
+        if width is not None and block:
+            held = _hold_wrapped(buffer, cut, width.width)
+            if held == 0 and len(buffer) < 4 * BLOCK_BYTES:
+                carry = buffer  # one wrapped message so far: wait for its end
+                continue
+            cut = held or cut
+        if width is None:
+            yield from _hits(buffer, cut, prefilter, line_base)
+        else:
+            yield from _wrapped_hits(buffer, cut, prefilter, line_base, width)
         if tail is not None:
             tail._keep(line_base, buffer, cut)
         line_base += buffer.count(b"\n", 0, cut)
@@ -99,3 +114,129 @@ def _hits(buffer: bytes, end: int, prefilter, line_base: int) -> Iterator[tuple[
         counted_to = start
         yield line_no, buffer[start:stop]
         pos = stop + 1
+
+
+# --- Logs hard-wrapped at a fixed width --------------------------------------------------------------
+# A log pasted through a terminal or a browser is often cut at a fixed column (100-137), mid-word: the
+# message a rule knows is then split over two lines. Such a log shows it in its line lengths: many lines
+# of exactly one length, none longer, and the line after each one not starting like it (a new record of
+# an ordinary log repeats its prefix; a continuation does not). Only then are the lines rejoined.
+
+_WRAP_SAMPLE = 1 << 20
+_WRAP_MIN_WIDTH = 60
+_PREFIX = 6  # bytes of a line's start compared with the next line's, digits as one
+_DIGITS = bytes.maketrans(b"123456789", b"000000000")
+
+
+def _starts_alike(line: bytes, following: bytes) -> bool:
+    """The same kind of start: `[1,5]<stdout>` and `[1,7]<stdout>`, two records of one log."""
+    return following[:_PREFIX].translate(_DIGITS) == line[:_PREFIX].translate(_DIGITS)
+
+
+class Wrapping(NamedTuple):
+    width: int
+    padded: bool  # a terminal capture that pads every line to the width with spaces
+    peeled: bool  # the width is that of the lines behind a prefix every line carries (a launcher's, colour)
+
+
+# What a launcher or a colouring logger puts before every line, wrapped or not: colour codes, srun's
+# `3: `, mpirun's `[1,3]<stderr>:`, torchrun's `[default3]:` / `[rank3]:`.
+_OUTER = re.compile(
+    rb"(?:\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~]){0,4}"
+    rb"(?: {0,5}\d{1,6}: |\[\d{1,6},\d{1,6}\]<std(?:out|err)>: ?|\[(?:rank|default)\d{1,6}\]: ?)?"
+    rb"(?:\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~]){0,4}"
+)
+
+
+def _body(line: bytes) -> bytes:
+    return line[_OUTER.match(line).end() :]
+
+
+def wrap_width(sample: bytes) -> Wrapping | None:
+    """How a log was hard-wrapped at a fixed width, or None for an ordinary log.
+
+    A terminal wraps the whole line, prefix and all; a program that wraps before a launcher prefixes
+    its lines leaves the prefix on every piece: both are tried."""
+    lines = [line.rstrip(b"\r") for line in sample.split(b"\n")[:-1]]  # complete lines only
+    return _wrapping(lines, peeled=False) or _wrapping(lines, peeled=True)
+
+
+def _wrapping(raw_lines: list[bytes], peeled: bool) -> Wrapping | None:
+    lines = [_body(line) for line in raw_lines] if peeled else raw_lines
+    lengths = Counter(len(line) for line in lines if len(line) >= _WRAP_MIN_WIDTH)
+    allowed_longer = max(1, 0.02 * len(lines))  # a line or two a terminal did not cut (a wide character)
+    width, longer = None, 0
+    for length in sorted(lengths, reverse=True):  # the widest length that several lines reach exactly
+        if lengths[length] >= 2:
+            width = length
+            break
+        longer += lengths[length]
+    if width is None or longer > allowed_longer:
+        return None
+    at_width = [line for line in lines if len(line) == width]
+    # A capture padded with spaces: nearly every line is at the width, most ending in a run of spaces.
+    padded = len(at_width) >= 0.9 * sum(1 for line in lines if line.strip()) and sum(
+        1 for line in at_width if line.endswith(b"  ")
+    ) >= 0.5 * len(at_width)
+    wrapping = Wrapping(width, padded, peeled)
+    follows = [(i, line, lines[i + 1]) for i, line in enumerate(lines[:-1]) if len(line) == width and lines[i + 1]]
+    continuing = sum(1 for i, _, _ in follows if _continues(raw_lines[i], raw_lines[i + 1], wrapping))
+    if not follows or continuing < 0.7 * len(follows):
+        return None
+    # Two lines of one length could be chance; a word cut in two is not.
+    cut_words = sum(1 for _, line, following in follows if line[-1:].isalnum() and following[:1].isalnum())
+    return wrapping if lengths[width] >= 3 or cut_words else None
+
+
+def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
+    """Whether `following` is the rest of `line`: `line` was cut at the width (in a padded capture, not
+    padded to it: its text ended before the edge) and `following` does not start a record of its own."""
+    line = line.rstrip(b"\r")
+    if wrapping.peeled:
+        # A program's own wrap under a launcher's prefix: both pieces carry the same prefix.
+        prefix = _OUTER.match(line).group(0)
+        if not prefix or _OUTER.match(following).group(0) != prefix:
+            return False
+        line, following = line[len(prefix) :], following[len(prefix) :]
+    return (
+        len(line) == wrapping.width
+        and not (wrapping.padded and line.endswith(b" "))
+        and bool(following.strip())
+        and not _starts_alike(line, following)
+    )
+
+
+def _hold_wrapped(buffer: bytes, cut: int, width: int) -> int:
+    """Where to end this block so that a wrapped message at its end is read whole with the next one:
+    before the chain of lines cut at the width that ends it (0: the whole buffer is one such chain)."""
+    held = cut
+    while held > 0:
+        start = buffer.rfind(b"\n", 0, held - 1) + 1
+        if len(buffer[start : held - 1].rstrip(b"\r")) != width:
+            break
+        held = start
+    return held
+
+
+def _wrapped_hits(
+    buffer: bytes, end: int, prefilter, line_base: int, wrapping: Wrapping
+) -> Iterator[tuple[int, bytes]]:
+    """Like `_hits`, over the messages rejoined: (the number of a message's first line, the message)."""
+    lines = buffer[:end].split(b"\n")
+    if buffer[:end].endswith(b"\n"):
+        lines.pop()
+    index = 0
+    while index < len(lines):
+        first = index
+        parts = [lines[index].rstrip(b"\r")]
+        while index + 1 < len(lines) and _continues(lines[index], lines[index + 1], wrapping):
+            index += 1
+            piece = lines[index].rstrip(b"\r")
+            prefix = _OUTER.match(piece).group(0)
+            if prefix and prefix == _OUTER.match(parts[0]).group(0):
+                piece = piece[len(prefix) :]  # the launcher's prefix on each piece of one message
+            parts.append(piece)
+        message = b"".join(parts)
+        if prefilter.search(message) is not None:
+            yield line_base + first, message
+        index += 1

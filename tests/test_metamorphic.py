@@ -1,0 +1,134 @@
+"""Transforms that must not change a verdict: the same log hard-wrapped by a terminal, behind another
+launcher's rank prefix, with CRLF line ends, in colour, interleaved with another rank's lines, gzip'd.
+
+Every rule's own examples (lines written from the format strings in its `source`) are the logs: each
+transformed log must still reach the rule. Where the development corpus is beside the checkout, every
+log of it is transformed too and must keep its category.
+"""
+
+import gzip
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import triage_json
+from torchtriage.analysis.pipeline import triage_text
+from torchtriage.knowledge.prefilter import literal_trie_regex
+from torchtriage.knowledge.rules import default_rules
+from torchtriage.sources.logs import scan_lines, wrap_width
+
+RULES = [r for r in default_rules() if r.patterns]
+CORPUS = Path(__file__).resolve().parents[2] / "shared" / "corpus" / "dev_logs.jsonl"
+WIDTHS = (80, 100, 120, 132)
+
+
+def hard_wrap(text: str, width: int) -> str:
+    """What a terminal or a browser does to a pasted log: every line cut into pieces of `width` columns."""
+    out = []
+    for line in text.split("\n"):
+        out += [line[i : i + width] for i in range(0, len(line), width)] or [""]
+    return "\n".join(out)
+
+
+def three_ranks(example: str) -> str:
+    return "\n".join(f"[rank{r}]:{example}" for r in range(3)) + "\n"
+
+
+def rules_reached(text: str) -> set[str]:
+    return {f.kind for f in triage_text(text).findings}
+
+
+TRANSFORMS = {
+    "crlf": lambda t: t.replace("\n", "\r\n"),
+    "ansi": lambda t: "\n".join(f"\x1b[1;31m{line}\x1b[0m" if line else line for line in t.split("\n")),
+    "srun --label": lambda t: "\n".join(f"  4: {line}" if line else line for line in t.split("\n")),
+    "mpirun --tag-output": lambda t: "\n".join(f"[1,4]<stderr>:{line}" if line else line for line in t.split("\n")),
+    "interleaved": lambda t: "\n".join(
+        f"{line}\n[rank9]:step {i} loss 2.{i:03d}" if line else line for i, line in enumerate(t.split("\n"))
+    ),
+}
+
+
+@pytest.mark.parametrize("rule", RULES, ids=lambda r: r.id)
+def test_every_example_survives_a_hard_wrap(rule):
+    for example in rule.examples:
+        original = three_ranks(example)
+        if rule.id not in rules_reached(original):
+            continue  # an example that needs a context line of its own is checked elsewhere
+        for width in WIDTHS:
+            if len(f"[rank0]:{example}") <= width:
+                continue
+            assert rule.id in rules_reached(hard_wrap(original, width)), (width, example)
+
+
+@pytest.mark.parametrize("name", list(TRANSFORMS))
+def test_every_example_survives_prefixes_line_ends_and_colour(name):
+    transform = TRANSFORMS[name]
+    lost = []
+    for rule in RULES:
+        for example in rule.examples:
+            original = three_ranks(example)
+            if rule.id in rules_reached(original) and rule.id not in rules_reached(transform(original)):
+                lost.append((rule.id, example))
+    assert not lost, lost[:5]
+
+
+def test_an_ordinary_log_is_never_rejoined():
+    nccl = "node1:100:200 [0] NCCL INFO Channel {:02d}/32 :    0   1   2   3   4   5   6   7"
+    records = "\n".join(nccl.format(i) for i in range(32)) + "\n"
+    assert wrap_width(records.encode()) is None  # equal lengths, but every line starts a record
+    ranks = "\n".join(
+        f"[1,{r}]<stdout>:host:17{r}0:1771 [1] NCCL INFO comm 0x7f0a7 rank {r} nranks 8 - Init COMPLETE"
+        for r in range(8)
+    )
+    assert wrap_width((ranks + "\n").encode()) is None
+    padded = "\n".join(line.ljust(120) for line in ("step 1 loss 2.0", "step 2 loss 1.9", "(raylet) done")) + "\n"
+    assert wrap_width(padded.encode()) is None  # a terminal capture pads short lines: nothing was cut
+
+
+def test_a_wrapped_message_is_rejoined_across_blocks_and_numbered_by_its_first_line(monkeypatch):
+    from torchtriage.sources import logs
+
+    monkeypatch.setattr(logs, "BLOCK_BYTES", 200)  # after the first block, messages straddle blocks
+    message = "x" * 50 + " Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE)"
+    text = hard_wrap("\n".join(["a short line", message, message, "another one", message]), 60) + "\n"
+    hits = list(scan_lines(io.BytesIO(text.encode()), literal_trie_regex(["collective operation timeout"])))
+    assert [number for number, _ in hits] == [2, 5, 9]
+    assert all(line.decode() == message for _, line in hits)
+
+
+def test_a_wrapped_gzip_log_on_stdin_is_rejoined(tmp_path):
+    watchdog = (
+        "[Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=812, OpType=ALLREDUCE, "
+        "NumelIn=1048576, NumelOut=1048576, Timeout(ms)=600000) ran for 600043 milliseconds before timing out."
+    )
+    text = hard_wrap("\n".join(watchdog.format(r=r) for r in range(3)), 100) + "\n"
+    code, verdict = triage_json("-", stdin=gzip.compress(text.encode()))
+    assert verdict["category"] == "nccl_timeout" and verdict["facts"]["seq"] == "812"
+
+
+def _corpus():
+    if not CORPUS.is_file():
+        return []
+    return [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CORPUS.is_file(), reason="the development corpus is not beside the checkout")
+@pytest.mark.parametrize("name", [*TRANSFORMS, *(f"wrap {w}" for w in WIDTHS)])
+def test_every_corpus_log_keeps_its_category_when_transformed(name):
+    width = int(name.split()[1]) if name.startswith("wrap") else 0
+    transform = TRANSFORMS.get(name) or (lambda t: hard_wrap(t, width))
+    changed = []
+    for row in _corpus():
+        before = triage_text(row["excerpt"]).category
+        after = triage_text(transform(row["excerpt"])).category
+        if after != before:
+            changed.append((row["id"], before, after))
+    # A message cut by the wrap where no other line of the log reaches the width cannot be told from an
+    # ordinary line, and a line interleaved into a message the original already wrapped cuts it apart:
+    # a few such logs change (measured: up to 6 of 153 for a wrap, 1 otherwise); more is a regression.
+    allowed = 0.04 if name.startswith("wrap") else 0.01
+    assert len(changed) <= allowed * len(_corpus()), changed
