@@ -60,3 +60,33 @@ def test_required_literal_is_what_every_match_contains():
     )
     assert required_literal(r"(foo|bar)baz") == "baz"
     assert required_literal(r"(?i)loss: nan") is None
+
+
+@pytest.mark.parametrize("rule", [r for r in RULES if MATCHER.phrases[r.id]], ids=lambda r: r.id)
+def test_an_example_cut_right_after_its_phrase_still_reaches_its_rule(rule):
+    for example in rule.examples:
+        phrase = next((p for p in MATCHER.phrases[rule.id] if p in example), None)
+        if phrase is None:
+            continue
+        cut = example[: example.index(phrase) + len(phrase)]
+        assert any(e.rule.id == rule.id for e in events_for(f"[rank3]:{cut}\n")), cut
+
+
+def test_a_cut_message_keeps_its_category_with_fewer_facts():
+    cut = "[Rank 3] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=3738254, OpType=_ALL"
+    (event,) = [e for e in events_for(cut + "\n") if e.rule.id == "nccl.watchdog_timeout"]
+    assert "op" not in event.facts  # never a fact read from a cut field ("_ALL")
+
+
+def test_a_phrase_other_rules_print_too_is_not_distinctive():
+    (rule,) = [r for r in RULES if r.id == "deepep.nvshmem_library_mismatch"]
+    assert ": cannot open shared object file" not in MATCHER.phrases[rule.id]
+    line = "ImportError: libfoo.so.2: cannot open shared object file: No such file or directory"
+    assert not [e for e in events_for(line + "\n") if e.rule.category == "deepep"]
+
+
+def test_a_path_in_a_pattern_is_not_a_phrase():
+    (rule,) = [r for r in RULES if r.id == "hang.stack_in_collective"]
+    assert rule.phrases == ()  # a frame line's path locates a stack; it does not name a failure
+    frame = '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 25, in barrier'
+    assert not [e for e in events_for(frame + "\n") if e.rule.id == rule.id]

@@ -30,6 +30,8 @@ LOG_STOPS = "hang.log_stops"
 _INTERRUPT_EXCEPTIONS = frozenset({"KeyboardInterrupt"})
 # How many of a log's last lines are searched for a sign of interruption.
 _INTERRUPT_WINDOW = 400
+# How many of a log's last lines are searched for a sign that the job finished.
+_FINISH_WINDOW = 20
 
 
 @dataclass
@@ -64,8 +66,10 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     window = lines[-_INTERRUPT_WINDOW:]
     interrupt = next((item for item in reversed(window) if known.interrupted(item[1])), None)
     stacks = [s for s in stacks_in(lines) if _shows_a_stall(s, interrupt is not None)]
-    last = next((item for item in reversed(lines) if not known.is_noise(item[1])), None)
-    finished = last is not None and known.finished_by(last[1])
+    meaningful = [item for item in lines[-_INTERRUPT_WINDOW:] if not known.is_noise(item[1])]
+    last = meaningful[-1] if meaningful else None
+    # Teardown chatter may follow the sign of a finished job ("Destroy COMPLETE", then plugins closing).
+    finished = any(known.finished_by(text) for _, text, _ in meaningful[-_FINISH_WINDOW:])
     framed = {f.printed_at for stack in stacks for f in stack.frames}  # a frame's name is not an error line
     failed = any(known.shows_failure(text) for number, text, _ in window if number not in framed)
     return TailReading(tail.file, stacks, interrupt, last, finished, failed)

@@ -19,6 +19,35 @@ def _first_match(pattern, text: str, unless: tuple):
     return None
 
 
+def _distinctive_phrases(rules: tuple[Rule, ...]) -> dict[str, tuple[str, ...]]:
+    """Each rule's phrases that name it alone: no other rule's example holds the phrase without being
+    this rule's message too (a phrase every loader prints, "cannot open shared object file", names no
+    library; a message quoted inside another, as a communicator abort quotes the watchdog's, is still it)."""
+    examples = [(rule.id, example) for rule in rules for example in rule.examples]
+
+    def distinctive(rule: Rule, phrase: str) -> bool:
+        return not any(
+            phrase in example and not any(p.search(example) for p in rule.patterns)
+            for owner, example in examples
+            if owner != rule.id
+        )
+
+    return {rule.id: tuple(p for p in rule.phrases if distinctive(rule, p)) for rule in rules}
+
+
+def _phrase_match(rule: Rule, phrases: tuple[str, ...], text: str) -> RuleMatch | None:
+    """A line that holds a rule's distinctive phrase but none of its full patterns: the message cut short
+    (a truncated paste, a terminal's wrap) or printed with other fields. It reaches the rule without the
+    facts the rest of the message would have given; the `unless` vetoes and a ratio condition still hold."""
+    if rule.ratio is not None:
+        return None
+    for phrase in phrases:
+        at = text.find(phrase)
+        if at >= 0 and not any(veto.search(text[at:]) for veto in rule.unless):
+            return RuleMatch(rule, {"message_cut": phrase})
+    return None
+
+
 @dataclass(frozen=True)
 class RuleMatch:
     rule: Rule
@@ -31,9 +60,11 @@ class Matcher:
     def __init__(self, rules: tuple[Rule, ...] | list[Rule]):
         self.rules = tuple(rules)
         self.rules_by_id = {rule.id: rule for rule in self.rules}
+        self.phrases = _distinctive_phrases(self.rules)
         by_anchor: dict[str, dict[str, Rule]] = {}
         for rule in self.rules:
-            for anchor in rule.anchors:
+            # A rule's phrases find it too: a line cut before the rule's anchors still holds its phrase.
+            for anchor in (*rule.anchors, *self.phrases[rule.id]):
                 by_anchor.setdefault(anchor, {})[rule.id] = rule
         # At a position the lookahead reports only the longest anchor that starts there, so each anchor
         # also carries the rules of the anchors that are its prefixes.
@@ -66,6 +97,10 @@ class Matcher:
                     if rule.accepts(facts):
                         matches.append(RuleMatch(rule, facts))
                     break
+            else:
+                partial = _phrase_match(rule, self.phrases[rule.id], text)
+                if partial is not None:
+                    matches.append(partial)
         return matches
 
     def superseded_rules(self, text: str) -> list[str]:

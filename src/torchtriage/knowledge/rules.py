@@ -92,6 +92,10 @@ class Rule:
     # For an analysis rule: the analysis that names it ("the flight recorder", "memory snapshots").
     found_by: str | None = None
     file: str = ""
+    # The distinctive phrase of each pattern (the longest literal every match contains, when it is long
+    # enough to name the message alone): a line that holds one but is cut short, or printed by another
+    # version with other fields, still reaches the rule, with fewer facts.
+    phrases: tuple[str, ...] = ()
 
     def accepts(self, facts: dict[str, str]) -> bool:
         """Whether a matching line's facts meet the rule's condition, if it has one."""
@@ -222,7 +226,24 @@ def _build_rule(raw: dict, file: str) -> Rule:
         ratio=_ratio(raw.get("ratio"), where),
         found_by=raw.get("found_by"),
         file=file,
+        phrases=_phrases(raw.get("patterns", [])),
     )
+
+
+# A phrase this long names its message alone ("Watchdog caught collective operation timeout: WorkNCCL(");
+# shorter literals ("CUDA error: ", "Killed") are shared by many messages.
+MIN_PHRASE = 20
+
+
+def _is_phrase(text: str) -> bool:
+    """Words of a message, not a place: paths and frame lines ("torch/distributed/...py", line") locate
+    a stack, and their patterns' other parts decide what the line is."""
+    return len(text) >= MIN_PHRASE and text.count(" ") >= 2 and not any(c in text for c in '/"\\')
+
+
+def _phrases(patterns: list[str]) -> tuple[str, ...]:
+    found = (required_literal(text) for text in patterns)
+    return tuple(dict.fromkeys(p.strip() for p in found if p and _is_phrase(p.strip())))
 
 
 def _load_file(path: Path) -> list[Rule]:
