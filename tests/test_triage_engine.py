@@ -129,3 +129,46 @@ def test_a_pasted_stack_without_a_rank_that_ends_inside_a_collective_is_a_hang(t
     assert (code, verdict["category"]) == (exit_codes.PROBLEM_FOUND, "hang")
     assert verdict["findings"][0]["kind"] == "hang.stack_in_collective"
     assert "barrier" in verdict["findings"][0]["evidence"][0]["text"]
+
+
+def test_an_exception_ignored_in_a_destructor_is_never_the_cause(tmp_path):
+    lines = [
+        "Exception ignored in: <function _MultiProcessingDataLoaderIter.__del__ at 0x7f3a0e2b1c40>",
+        "Traceback (most recent call last):",
+        '  File "/opt/venv/lib/python3.11/site-packages/torch/utils/data/dataloader.py", line 1477, in __del__',
+        "    self._shutdown_workers()",
+        "AttributeError: '_MultiProcessingDataLoaderIter' object has no attribute '_workers_status'",
+        f"[rank1]: {OOM}",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [1])
+    ignored = next(f for f in verdict["findings"] if "AttributeError" in f["message"])
+    assert ignored["role"] == "collateral"
+
+
+def test_a_line_logged_at_info_level_reports_and_does_not_decide(tmp_path):
+    # The same words a failing rank would print, logged at INFO by a component that only reports them.
+    info = "INFO:trainer:RuntimeError: CUDA error: an illegal memory access was encountered (retrying)"
+    code, verdict = triage_json(write(tmp_path, "job.log", [info, f"[rank2]: {OOM}"]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])
+
+
+def test_a_rankless_assertion_takes_the_rank_of_the_line_that_reports_it(tmp_path):
+    lines = [
+        "/pytorch/aten/src/ATen/native/cuda/IndexKernel.cu:93: operator(): block: [211,0,0], thread: [64,0,0] "
+        'Assertion `-sizes[i] <= index && index < sizes[i] && "index out of bounds"` failed.',
+        "[rank1]: RuntimeError: CUDA error: device-side assert triggered",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [1])
+
+
+def test_rank_prefixes_behind_host_and_ray_prefixes_are_read(tmp_path):
+    lines = [
+        f"10.0.0.5: [rank19]: {OOM}",
+        f"(RayTrainWorker pid=4242, ip=10.0.0.6) [rank3]:[E1130 10:20:05.000000000 ProcessGroupNCCL.cpp:689] "
+        f"{WATCHDOG.format(rank=3)}",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [19])
+    assert 3 in verdict["facts"]["ranks_seen"]

@@ -55,7 +55,10 @@ def _effective_roles(events: list[LogEvent]) -> list[str]:
     roles = []
     for event in events:
         explained = any(cat in present and cat != event.rule.category for cat in event.rule.collateral_of)
-        roles.append("collateral" if explained else event.rule.role)
+        role = "collateral" if explained else event.rule.role
+        if role == "primary" and event.severity == "I":
+            role = "symptom"  # a line logged at INFO level reports; it is not the failure itself
+        roles.append(role)
     return roles
 
 
@@ -146,7 +149,7 @@ def _exception_role(tb: PyTraceback) -> str:
     A launcher's report of its children explains nothing; an exception raised inside a collective is
     how a rank learns that a peer failed; any other uncaught exception killed its rank, and is a cause.
     """
-    if tb.exception and tb.exception.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS:
+    if tb.ignored or (tb.exception and tb.exception.rsplit(".", 1)[-1] in _LAUNCHER_EXCEPTIONS):
         return "collateral"
     if collective_of(tb) is not None:
         return "symptom"
@@ -255,6 +258,10 @@ def assess_logs(records: LogRecords) -> Assessment:
     primary, order_basis = _pick_primary(candidates)
     same_failure = [c for c in candidates if c.kind == primary.kind and c.role == primary.role]
     culprits = _rank_list({c.rank for c in same_failure})
+    if not culprits and primary.role == "primary":
+        # One event, two lines: a kernel's assertion prints no rank, the `[rank1]: ... device-side assert
+        # triggered` after it does.
+        culprits = _rank_list({c.rank for c in candidates if c.category == primary.category and c.role != "collateral"})
     findings = _findings(candidates)
     lead = next(f for f in findings if f.kind == primary.kind and f.role == primary.role)
     related = [c.event for c in candidates if c.event and c.category == primary.category]

@@ -34,6 +34,16 @@ _RANK_PREFIXES = [
     re.compile(r"\s{0,5}(?P<rank>\d{1,6}): "),
 ]
 
+# What launchers and collectors put before those, naming a host or a process but no rank: pdsh/clush's
+# "10.0.0.5: " or "node-07: " (peeled only before a rank prefix: "RuntimeError: " is a message), Ray's
+# "(RayTrainWorker pid=1234, ip=10.0.0.5) " and "(pid=1234) ".
+_HOST_PREFIXES = [
+    re.compile(r"(?:\d{1,3}\.){3}\d{1,3}: "),
+    re.compile(r"\((?:[\w.-]{1,64} )?pid=\d{1,10}(?:, ip=[\d.]{7,15})?\) ?"),
+]
+_HOSTNAME = re.compile(r"[\w.-]{1,64}: ")
+_RANK_STARTS = ("[rank", "[default", "[Rank", "[RANK")
+
 # glog (c10) headers, bracketed by torch ("[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] ")
 # or bare ("E1130 02:54:48.068043 1234 ProcessGroupNCCL.cpp:689] "); torch's Python logging uses the
 # bare form too ("W1130 02:54:18.606000 625 torch/distributed/run.py:851] ").
@@ -88,6 +98,16 @@ def normalise(raw: str) -> Normalised:
                 text = text[match.end() :]
                 peeled = True
                 break
+        if not peeled and rank is None and time is None:
+            host = next((m for m in (p.match(text) for p in _HOST_PREFIXES) if m), None)
+            if host is None:
+                named = _HOSTNAME.match(text)
+                # a host's name carries a digit, a dot or a dash ("node-07", "gpu12"); "RuntimeError" none
+                is_host = named is not None and any(c.isdigit() or c in ".-" for c in named.group(0)[:-2])
+                host = named if is_host and text[named.end() :].startswith(_RANK_STARTS) else None
+            if host is not None:
+                text = text[host.end() :]
+                continue
         if time is None:
             match = _GLOG.match(text) or _ISO.match(text)
             if match:

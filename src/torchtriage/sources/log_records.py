@@ -34,6 +34,7 @@ class LogEvent:
     line: int
     text: str
     order: int  # position in reading order across all inputs
+    severity: str | None = None  # glog's I/W/E/F (or the logger's level) where the line carries one
 
 
 @dataclass
@@ -46,6 +47,9 @@ class PyTraceback:
     message: str = ""
     exception_line: int | None = None
     time: float | None = None
+    # Printed by sys.unraisablehook ("Exception ignored in: <function ...__del__>"): a destructor or an
+    # atexit handler failed, after the fact; it ended nothing.
+    ignored: bool = False
 
 
 @dataclass
@@ -114,6 +118,16 @@ _REPORT_EXIT = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
 _REPORT_TIME = re.compile(r"(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)_(?P<hms>\d\d:\d\d:\d\d)")
 
 
+# Python logging's default format ("INFO:torch.distributed...:") and the bracketed levels of DeepSpeed,
+# transformers and loguru ("[INFO]", "| INFO |").
+_LEVEL = re.compile(r"^(?:\[?(INFO|DEBUG)\]?[:\s]|.{0,40}?[\[|] ?(INFO|DEBUG) ?[\]|])")
+
+
+def _level(text: str) -> str | None:
+    """'I' for a line its logger printed at INFO or DEBUG level, else None."""
+    return "I" if _LEVEL.match(text) else None
+
+
 def _report_time(value: str) -> float | None:
     match = _REPORT_TIME.search(value)
     if not match:
@@ -134,6 +148,7 @@ class _FileReader:
         self.report_mode: bool | None = None  # None outside torchrun's report, else "is root cause"
         self.report_entry: ChildFailure | None = None
         self.superseded_before: dict[str, int] = {}  # rule id -> last line that withdraws it
+        self.ignored_at: dict[int | None, int] = {}  # rank -> the line of its last "Exception ignored in"
         self.first_event = len(records.events)
 
     def feed(self, line_no: int, raw: bytes) -> None:
@@ -169,14 +184,19 @@ class _FileReader:
                     line=line_no,
                     text=text.strip(),
                     order=len(self.records.events),
+                    severity=line.severity or _level(text),
                 )
             )
         if rank is not None:
             self.records.ranks_seen.add(rank)
 
     def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> None:
+        if text.lstrip().startswith("Exception ignored in"):
+            self.ignored_at[rank] = line_no
+            return
         if text.lstrip().startswith("Traceback (most recent call last)"):
-            self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
+            ignored = line_no - self.ignored_at.get(rank, -10) <= 2
+            self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time, ignored=ignored)
             return
         current = self.open_tracebacks.get(rank)
         frame = _FRAME.match(text)
