@@ -172,3 +172,14 @@ def test_rank_prefixes_behind_host_and_ray_prefixes_are_read(tmp_path):
     code, verdict = triage_json(write(tmp_path, "job.log", lines))
     assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [19])
     assert 3 in verdict["facts"]["ranks_seen"]
+
+
+def test_more_workers_than_the_world_at_the_store_barrier_is_two_jobs_fewer_is_a_missing_rank(tmp_path):
+    line = (
+        "RuntimeError: Timed out initializing process group in store based barrier on rank: 0, for key: "
+        "store_based_barrier_key:1 (world_size=8, worker_count={joined}, timeout=0:30:00)"
+    )
+    code, verdict = triage_json(write(tmp_path, "two.log", [line.format(joined=16)]))
+    assert verdict["findings"][0]["kind"] == "rendezvous.store_barrier_two_jobs"
+    code, verdict = triage_json(write(tmp_path, "missing.log", [line.format(joined=7)]))
+    assert "rendezvous.store_barrier_two_jobs" not in [f["kind"] for f in verdict["findings"]]
