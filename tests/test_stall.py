@@ -195,3 +195,17 @@ def test_the_stall_layer_reads_gzip_and_stdin_alike(tmp_path):
     (tmp_path / "train.log.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
     code, verdict = triage_json(tmp_path / "train.log.gz")
     assert verdict["category"] == "hang" and "NCCL's set-up" in verdict["summary"]
+
+
+def test_an_unknown_failure_says_what_it_saw(tmp_path):
+    lines = [
+        "    output = self._load_state_dict(state_dict, strict)",  # the paste starts inside a traceback
+        "[rank2]: step 3 loss 1.2",
+        "[rank2]: terminate called after throwing an instance of 'c10::Error'",
+    ]
+    code, verdict = triage_json(write(tmp_path, "rank2.log", lines))
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.PROBLEM_FOUND, "unknown", "low")
+    (finding,) = verdict["findings"]
+    assert finding["kind"] == "logs.unrecognised_failure" and finding["ranks"] == [2]
+    assert verdict["facts"]["cut_at_start"] is True and verdict["facts"]["ranks_seen"] == [2]
+    assert "no rule knows" in verdict["summary"]

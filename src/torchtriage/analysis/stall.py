@@ -23,6 +23,7 @@ from torchtriage.ranks import format_ranks
 from torchtriage.sources.log_records import LogRecords, LogTail
 from torchtriage.sources.log_stacks import LogStack, stacks_in
 
+UNRECOGNISED = "logs.unrecognised_failure"
 INTERRUPTED = "hang.interrupted"
 STACK_DUMP = "hang.stack_dump"
 LOG_STOPS = "hang.log_stops"
@@ -44,6 +45,8 @@ class TailReading:
     last: tuple[int, str, int | None] | None  # the last line that carries something
     finished: bool  # the log ends saying the job finished
     failed: bool  # its last lines show a failure no rule knows (an error line, an exit code, a C++ backtrace)
+    last_failure: tuple[int, str, int | None] | None = None  # the last of those lines
+    cut_at_start: bool = False  # the tail begins inside a message (the log or the paste starts mid-way)
 
 
 def stops_with_interrupt(stack: LogStack) -> bool:
@@ -71,8 +74,53 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     # Teardown chatter may follow the sign of a finished job ("Destroy COMPLETE", then plugins closing).
     finished = any(known.finished_by(text) for _, text, _ in meaningful[-_FINISH_WINDOW:])
     framed = {f.printed_at for stack in stacks for f in stack.frames}  # a frame's name is not an error line
-    failed = any(known.shows_failure(text) for number, text, _ in window if number not in framed)
-    return TailReading(tail.file, stacks, interrupt, last, finished, failed)
+    failures = [item for item in window if item[0] not in framed and known.shows_failure(item[1])]
+    first = next((text for _, text, _ in lines if text.strip()), "")
+    cut_at_start = tail.first_line == 1 and _starts_mid_message(first)
+    return TailReading(
+        tail.file, stacks, interrupt, last, finished, bool(failures), failures[-1] if failures else None, cut_at_start
+    )
+
+
+def _starts_mid_message(text: str) -> bool:
+    """A first line that continues something: a frame or source line of a traceback, an indented or
+    lower-case continuation, a C++ frame."""
+    stripped = text.strip()
+    return bool(stripped) and (
+        text[:1].isspace() or stripped.startswith(('File "', "frame #", "^")) or stripped[:1].islower()
+    )
+
+
+def what_was_seen(records: LogRecords, known: StallKnowledge | None = None) -> tuple[dict, list[Finding]]:
+    """When no family explains a log: what it shows (ranks, its last line, whether it looks cut), and a
+    finding when its last lines hold a failure no rule knows."""
+    known = known or stall_knowledge()
+    readings = [read_tail(tail, known) for tail in records.tails]
+    facts: dict = {"ranks_seen": sorted(records.ranks_seen)}
+    last = next((r.last for r in reversed(readings) if r.last is not None), None)
+    if last is not None:
+        facts["last_line"] = last[1].strip()[:500]
+    if any(r.cut_at_start for r in readings):
+        facts["cut_at_start"] = True
+    failing = [r for r in readings if r.last_failure is not None and not r.finished]
+    if not failing:
+        return facts, []
+    reading = failing[-1]
+    line, text, rank = reading.last_failure  # type: ignore[misc]
+    ranks = sorted(records.ranks_seen)
+    seen = (f"ranks seen: {format_ranks(ranks)}" if ranks else "no rank named") + (
+        "; the log starts mid-message" if facts.get("cut_at_start") else ""
+    )
+    finding = Finding(
+        UNRECOGNISED,
+        [rank] if rank is not None else [],
+        f"The log shows a failure that no rule knows: {text.strip()[:200]}",
+        "symptom",
+        "unknown",
+        [Evidence("log", reading.file, line, rank, text.strip()[:500])],
+        {"last_failure": text.strip()[:300], "seen": seen},
+    )
+    return facts, [finding]
 
 
 def _position(stack: LogStack, file: str) -> RankPosition:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
-from torchtriage.analysis.stall import assess_stall
+from torchtriage.analysis.stall import assess_stall, what_was_seen
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -233,13 +233,21 @@ def _frame_fact(tb: PyTraceback, frame) -> dict:
 
 
 def _nothing_found(records: LogRecords) -> Assessment:
+    """No family, no stall: what the logs show, and a finding when they end in a failure no rule knows."""
+    facts, findings = what_was_seen(records)
+    summary = "No known failure signature found" if records.files_read else "Nothing could be read"
+    if findings:
+        summary = findings[0].message
+    elif "last_line" in facts:
+        summary = f"{summary}; the log ends: {facts['last_line'][:160]}"
     return Assessment(
         "logs",
-        [],
-        "No known failure signature found" if records.files_read else "Nothing could be read",
-        facts={"ranks_seen": sorted(records.ranks_seen)},
+        findings,
+        summary,
+        facts=facts,
         files=records.files_read,
         problems=records.problems,
+        lead=findings[0] if findings else None,
     )
 
 

@@ -19,6 +19,7 @@ class StallKnowledge:
     finished: tuple[Any, ...]
     noise: tuple[Any, ...]
     failure: tuple[Any, ...]
+    informational: tuple[Any, ...]
     last_line: tuple[tuple[str, tuple[Any, ...]], ...]  # (what the job was doing, patterns)
 
     def interrupted(self, text: str) -> bool:
@@ -28,7 +29,8 @@ class StallKnowledge:
         return any(p.search(text) for p in self.finished)
 
     def shows_failure(self, text: str) -> bool:
-        return any(p.search(text) for p in self.failure)
+        """A line that looks like a failure, and was not logged at INFO level."""
+        return any(p.search(text) for p in self.failure) and not any(p.search(text) for p in self.informational)
 
     def is_noise(self, text: str) -> bool:
         return any(p.search(text) for p in self.noise)
@@ -47,10 +49,17 @@ def stall_knowledge() -> StallKnowledge:
     raw = check_table(
         read_toml(STALL_FILE),
         STALL_FILE.name,
-        {"interrupt": TABLE, "finished": TABLE, "noise": TABLE, "failure": TABLE, "last_line": TABLES},
+        {
+            "interrupt": TABLE,
+            "finished": TABLE,
+            "noise": TABLE,
+            "failure": TABLE,
+            "informational": TABLE,
+            "last_line": TABLES,
+        },
     )
     sections = {}
-    for name in ("interrupt", "finished", "noise", "failure"):
+    for name in ("interrupt", "finished", "noise", "failure", "informational"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
     last = []
@@ -59,5 +68,10 @@ def stall_knowledge() -> StallKnowledge:
         table = check_table(item, where, {"what": STRING, "patterns": STRINGS})
         last.append((table["what"], _patterns(table, where)))
     return StallKnowledge(
-        sections["interrupt"], sections["finished"], sections["noise"], sections["failure"], tuple(last)
+        sections["interrupt"],
+        sections["finished"],
+        sections["noise"],
+        sections["failure"],
+        sections["informational"],
+        tuple(last),
     )
