@@ -209,3 +209,12 @@ def test_an_unknown_failure_says_what_it_saw(tmp_path):
     assert finding["kind"] == "logs.unrecognised_failure" and finding["ranks"] == [2]
     assert verdict["facts"]["cut_at_start"] is True and verdict["facts"]["ranks_seen"] == [2]
     assert "no rule knows" in verdict["summary"]
+
+
+def test_a_census_names_the_ranks_of_the_world_that_printed_nothing_as_candidates(tmp_path):
+    init = "[rank{r}]: node1:100:20{r} [{r}] NCCL INFO comm 0x556{r} rank {r} nranks 4 cudaDev {r} - Init COMPLETE"
+    lines = [init.format(r=r) for r in (0, 1, 3)] + ["[rank0]: Epoch 0:   0%|          | 0/1234 [00:00<?, ?it/s]"]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"], verdict["confidence"]) == ("hang", [], "low")
+    assert verdict["facts"]["candidates"] == [2] and verdict["facts"]["world_size"] == 4
+    assert "rank 2 printed nothing" in verdict["summary"]

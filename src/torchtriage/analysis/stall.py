@@ -47,6 +47,7 @@ class TailReading:
     failed: bool  # its last lines show a failure no rule knows (an error line, an exit code, a C++ backtrace)
     last_failure: tuple[int, str, int | None] | None = None  # the last of those lines
     cut_at_start: bool = False  # the tail begins inside a message (the log or the paste starts mid-way)
+    world_size: int | None = None  # the largest world size a line states
 
 
 def stops_with_interrupt(stack: LogStack) -> bool:
@@ -77,9 +78,32 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     failures = [item for item in window if item[0] not in framed and known.shows_failure(item[1])]
     first = next((text for _, text, _ in lines if text.strip()), "")
     cut_at_start = tail.first_line == 1 and _starts_mid_message(first)
+    worlds = [w for w in map(known.world_size_in, (text for _, text, _ in lines)) if w]
     return TailReading(
-        tail.file, stacks, interrupt, last, finished, bool(failures), failures[-1] if failures else None, cut_at_start
+        tail.file,
+        stacks,
+        interrupt,
+        last,
+        finished,
+        bool(failures),
+        failures[-1] if failures else None,
+        cut_at_start,
+        max(worlds) if worlds else None,
     )
+
+
+# A census is taken of worlds up to this size: beyond it a log names too few ranks to say who is missing.
+_CENSUS_MAX = 4096
+
+
+def census(records: LogRecords, readings: list[TailReading]) -> tuple[int | None, list[int]]:
+    """The world size the logs state and the ranks of it that printed nothing, where both are known."""
+    worlds = [r.world_size for r in readings if r.world_size]
+    world = max(worlds) if worlds else None
+    seen = records.ranks_seen
+    if world is None or not seen or world > _CENSUS_MAX or max(seen) >= world:
+        return world, []
+    return world, sorted(set(range(world)) - seen)
 
 
 def _starts_mid_message(text: str) -> bool:
@@ -176,7 +200,7 @@ def assess_stall(records: LogRecords, known: StallKnowledge | None = None) -> As
         ends = [(r, r.last) for r in readings if r.last is not None]
         if not ends or all(r.finished for r, _ in ends):
             return None
-        return _log_stops(records, ends)
+        return _log_stops(records, ends, readings)
 
     by_rank: dict[int, list[tuple[RankPosition, LogStack]]] = {}
     for reading, stack in stacks:
@@ -251,14 +275,20 @@ def assess_stall(records: LogRecords, known: StallKnowledge | None = None) -> As
     )
 
 
-def _log_stops(records: LogRecords, ends: list[tuple[TailReading, tuple[int, str, int | None]]]) -> Assessment:
-    """Only where the logs stop: said with low confidence, with what to capture next."""
+def _log_stops(
+    records: LogRecords, ends: list[tuple[TailReading, tuple[int, str, int | None]]], readings: list[TailReading]
+) -> Assessment:
+    """Only where the logs stop: said with low confidence, with what to capture next, and the ranks of a
+    stated world that printed nothing as candidates (never as culprits: a rank may log nothing and be fine)."""
     known = stall_knowledge()
     reading, (line, text, rank) = ends[-1]
     doing = known.doing(text)
     what = f"{doing}" if doing else "its last line"
     ranks = sorted(records.ranks_seen)
+    world, silent = census(records, readings)
     seen = f"; ranks seen: {format_ranks(ranks)}" if ranks else ""
+    if silent:
+        seen += f"; of a world of {world}, {format_ranks(silent)} printed nothing"
     finding = Finding(
         LOG_STOPS,
         [rank] if rank is not None else [],
@@ -275,7 +305,8 @@ def _log_stops(records: LogRecords, ends: list[tuple[TailReading, tuple[int, str
         category="hang",
         culprits=[],
         confidence="low",
-        facts={"ranks_seen": ranks, "last_line": finding.facts["last_line"]},
+        facts={"ranks_seen": ranks, "last_line": finding.facts["last_line"]}
+        | ({"world_size": world, "candidates": silent} if silent else {}),
         files=records.files_read,
         problems=records.problems,
         lead=finding,

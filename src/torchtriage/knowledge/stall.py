@@ -20,6 +20,7 @@ class StallKnowledge:
     noise: tuple[Any, ...]
     failure: tuple[Any, ...]
     informational: tuple[Any, ...]
+    world_size: tuple[Any, ...]
     last_line: tuple[tuple[str, tuple[Any, ...]], ...]  # (what the job was doing, patterns)
 
     def interrupted(self, text: str) -> bool:
@@ -31,6 +32,14 @@ class StallKnowledge:
     def shows_failure(self, text: str) -> bool:
         """A line that looks like a failure, and was not logged at INFO level."""
         return any(p.search(text) for p in self.failure) and not any(p.search(text) for p in self.informational)
+
+    def world_size_in(self, text: str) -> int | None:
+        """The size of the world a line states, or None."""
+        for pattern in self.world_size:
+            found = pattern.search(text)
+            if found:
+                return int(found.group("world"))
+        return None
 
     def is_noise(self, text: str) -> bool:
         return any(p.search(text) for p in self.noise)
@@ -55,11 +64,12 @@ def stall_knowledge() -> StallKnowledge:
             "noise": TABLE,
             "failure": TABLE,
             "informational": TABLE,
+            "world_size": TABLE,
             "last_line": TABLES,
         },
     )
     sections = {}
-    for name in ("interrupt", "finished", "noise", "failure", "informational"):
+    for name in ("interrupt", "finished", "noise", "failure", "informational", "world_size"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
     last = []
@@ -73,5 +83,6 @@ def stall_knowledge() -> StallKnowledge:
         sections["noise"],
         sections["failure"],
         sections["informational"],
+        sections["world_size"],
         tuple(last),
     )

@@ -26,6 +26,8 @@ def _culprit_line(verdict: Verdict) -> str:
     if verdict.culprit_ranks:
         return ", ".join(str(r) for r in verdict.culprit_ranks)
     candidates = verdict.facts.get("candidates")
+    if candidates and len(candidates) == 1:
+        return f"not identified; the one candidate is {format_ranks(candidates)}, and the evidence is weak"
     if candidates:
         return f"undecided between {format_ranks(candidates)}: the evidence cannot tell them apart"
     return "not identified"
