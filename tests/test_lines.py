@@ -48,3 +48,11 @@ def test_every_kind_of_terminal_sequence_is_peeled_before_matching():
     assert strip_ansi("\x1bP+q544e\x1b\\ok") == "ok"  # DCS
     assert strip_ansi("\x9b31mC1 CSI") == "C1 CSI"
     assert strip_ansi("\x1b(Bcharset") == "charset"
+
+
+def test_an_nccl_line_of_a_release_without_the_tag_gets_it_back():
+    old = normalise("node1:4242:4301 [0] misc/ibvwrap.cc:212 WARN Call to ibv_open_device failed")
+    assert old.text == "node1:4242:4301 [0] misc/ibvwrap.cc:212 NCCL WARN Call to ibv_open_device failed"
+    new = "node1:4242:4301 [0] misc/ibvwrap.cc:212 NCCL WARN Call to ibv_open_device failed"
+    assert normalise(new).text == new
+    assert normalise("WARN this is not NCCL").text == "WARN this is not NCCL"

@@ -76,6 +76,21 @@ def _seconds(month: str, day: str, hms: str) -> float:
     return (((int(month) * 31 + int(day)) * 24 + int(hours)) * 60 + int(minutes)) * 60 + float(seconds)
 
 
+# NCCL's line header, "host:pid:tid [dev] " then, for a warning, "file:line " and (2.19+) "(func) ": releases
+# up to 2.3 printed the level without the "NCCL " tag ("... [0] misc/ibvwrap.cc:212 WARN Call to ..."); the tag
+# is put back so that one pattern serves every release.
+_NCCL_UNTAGGED = re.compile(
+    r"(?P<head>[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w/.-]{1,200}:\d{1,7} )?)(?P<level>WARN|INFO) "
+)
+
+
+def _nccl_tagged(text: str) -> str:
+    if " WARN " not in text and " INFO " not in text:
+        return text
+    found = _NCCL_UNTAGGED.match(text)
+    return f"{found.group('head')}NCCL {text[found.start('level') :]}" if found else text
+
+
 def normalise(raw: str) -> Normalised:
     """Remove colour codes and peel rank prefixes and log headers off one line."""
     text = strip_ansi(raw).rstrip()
@@ -117,4 +132,4 @@ def normalise(raw: str) -> Normalised:
                 peeled = True
         if not peeled:
             break
-    return Normalised(text, rank, time, severity)
+    return Normalised(_nccl_tagged(text), rank, time, severity)
