@@ -64,6 +64,8 @@ def test_a_users_rule_names_the_failure(tmp_path, capsys):
         ("team.toml", USER_RULE.replace('title = "Give', 'detail = "Give'), "missing `title`"),
         ("team.toml", USER_RULE.encode() + b"\n# caf\xe9\n", "not UTF-8"),
         ("team.toml", USER_RULE + "\n[[rule]\n", "not valid TOML"),
+        ("team.toml", USER_RULE.replace("writer']", "writer ']"), "ends with a space"),
+        ("team.toml", USER_RULE.replace("patterns =", 'anchors = [" -> 2"]\npatterns ='), "too common"),
     ],
 )
 def test_a_malformed_user_rule_is_refused_with_what_is_wrong(tmp_path, capsys, name, text, says):

@@ -168,6 +168,9 @@ def _ratio(raw: dict | None, where: str) -> tuple[str, str, float] | None:
         raise RuleError(f"{where}: `ratio` needs numerator, denominator and at_least") from None
 
 
+_MIN_ANCHOR_LETTERS = 3
+
+
 def _patterns(raw: dict, where: str) -> tuple[list[Any], list[str]]:
     for text in raw.get("patterns", []):
         if text.endswith(" ") and not text.endswith("\\ "):
@@ -185,6 +188,10 @@ def _patterns(raw: dict, where: str) -> tuple[list[Any], list[str]]:
                     "give `anchors` explicitly"
                 )
             anchors.append(literal)
+    for anchor in anchors:
+        if sum(c.isalpha() for c in anchor) < _MIN_ANCHOR_LETTERS:
+            # The prefilter passes every line holding an anchor: " -> 2" is in every NCCL channel line.
+            raise RuleError(f"{where}: anchor {anchor!r} is too common to find the rule's lines (give words)")
     return patterns, anchors
 
 
