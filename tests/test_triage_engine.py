@@ -183,3 +183,15 @@ def test_more_workers_than_the_world_at_the_store_barrier_is_two_jobs_fewer_is_a
     assert verdict["findings"][0]["kind"] == "rendezvous.store_barrier_two_jobs"
     code, verdict = triage_json(write(tmp_path, "missing.log", [line.format(joined=7)]))
     assert "rendezvous.store_barrier_two_jobs" not in [f["kind"] for f in verdict["findings"]]
+
+
+def test_the_ranks_a_report_names_as_behind_are_the_culprits(tmp_path):
+    barrier = "[Rank 0] Ranks 2, 5 failed to pass monitoredBarrier in 30000 ms"
+    code, verdict = triage_json(write(tmp_path, "barrier.log", [barrier]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2, 5])
+    # Horovod lists the ranks that are ready: the others, of those the log shows, are behind.
+    lines = [f"[1,{r}]<stderr>:step 12 loss 2.0" for r in range(4)] + [
+        "[1,0]<stderr>:Stalled ops: DistributedAdam_Allreduce/HorovodAllreduce_dense_0 [ready ranks: 0, 1, 3]"
+    ]
+    code, verdict = triage_json(write(tmp_path, "horovod.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2])

@@ -23,6 +23,7 @@ from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
+from torchtriage.sources.fields import as_int
 from torchtriage.sources.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
 
 _MAX_EVIDENCE = 4
@@ -205,6 +206,38 @@ def _merge_facts(primary: _Candidate, related: list[LogEvent]) -> dict:
     return facts
 
 
+def _rank_numbers(text: str) -> list[int]:
+    parts = [p.strip() for p in text.replace(";", ",").split(",")]
+    return sorted({int(p) for p in parts if p.isdigit() and len(p) <= 7})
+
+
+def _ranks_the_lines_name(
+    candidates: list[_Candidate], category: str, records: LogRecords, facts: dict
+) -> tuple[list[int], str | None]:
+    """The ranks a report of the failure names as the ones behind it: `lagging_ranks` (monitored_barrier's
+    "Ranks 2, 5 failed to pass", the desync report, Horovod's "missing ranks"), or the ranks seen that
+    are not among its `ready_ranks`. Returns them and the kind of the line that named them."""
+    for c in candidates:
+        if c.event is None or c.category != category:
+            continue
+        lagging = _rank_numbers(c.event.facts.get("lagging_ranks", ""))
+        if lagging:
+            return lagging, c.kind
+        ready = _rank_numbers(c.event.facts.get("ready_ranks", ""))
+        if ready:
+            world = as_int(str(facts.get("world_size", "")), None) if "world_size" in facts else None
+            everyone = set(range(world)) if world and world <= 1 << 20 else _every_rank_seen(records)
+            missing = sorted(everyone - set(ready))
+            if missing:
+                return missing, c.kind
+    return [], None
+
+
+def _every_rank_seen(records: LogRecords) -> set[int]:
+    """The ranks of the lines that matched, and of every line at the ends of the logs."""
+    return set(records.ranks_seen) | {rank for tail in records.tails for _, _, rank in tail.lines() if rank is not None}
+
+
 def _child_failure_facts(failures: list[ChildFailure]) -> dict:
     exits = {}
     for failure in failures:
@@ -291,9 +324,16 @@ def assess_logs(records: LogRecords) -> Assessment:
         findings[findings.index(lead) + 1 : findings.index(lead) + 1] = mem_findings
         facts.update(mem_facts)
 
+    named_by = None
+    if not culprits:
+        culprits, named_by = _ranks_the_lines_name(candidates, primary.category, records, facts)
     blaming = next((f for f in findings if f.kind in TIMEOUT_KINDS and f.ranks == culprits and culprits), None)
     if blaming is None and culprits and lead.role == "primary" and lead.ranks == culprits:
         blaming = lead
+    if blaming is None and named_by is not None:
+        blaming = next((f for f in findings if f.kind == named_by), None)
+        if blaming is not None:
+            blaming.ranks = culprits
     if blaming is not None:
         blaming.blames = True
     tb, frame = _user_frame(records, culprits, primary)
