@@ -161,6 +161,8 @@ def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
     """The candidate that most likely started it, and how the order was established."""
     best_role = min(ROLES.index(c.role) for c in candidates)
     pool = [c for c in candidates if ROLES.index(c.role) == best_role]
+    if len({c.kind for c in pool}) == 1 and len({c.rank for c in pool}) == 1:
+        return min(pool, key=lambda c: c.order), "the only cause"  # one failure of one rank: nothing to order
     if len(pool) > 1 and all(c.time is not None for c in pool):
         first = min(c.time for c in pool)  # type: ignore[type-var]
         earliest = [c for c in pool if c.time is not None and c.time - first < 1.0]
