@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from conftest import triage_json
-from torchtriage.analysis.pipeline import triage_text
+from torchtriage.analysis.pipeline import matcher_for, triage_text
 from torchtriage.knowledge.prefilter import literal_trie_regex
 from torchtriage.knowledge.rules import default_rules
+from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import scan_lines, wrap_width
 
 RULES = [r for r in default_rules() if r.patterns]
@@ -132,3 +133,27 @@ def test_every_corpus_log_keeps_its_category_when_transformed(name):
     # a few such logs change (measured: up to 6 of 153 for a wrap, 1 otherwise); more is a regression.
     allowed = 0.04 if name.startswith("wrap") else 0.01
     assert len(changed) <= allowed * len(_corpus()), changed
+
+
+def _lines_the_prefilter_drops(lines, matcher):
+    dropped = []
+    for line in lines:
+        text = normalise(line).text
+        if matcher.match(text) and matcher.prefilter.search(line.encode("utf-8", "replace")) is None:
+            dropped.append(line)
+    return dropped
+
+
+def test_the_prefilter_never_drops_a_line_a_rule_matches_in_the_examples():
+    matcher = matcher_for()
+    lines = [
+        f"{prefix}{example}" for rule in RULES for example in rule.examples for prefix in ("", "[rank3]:", "  4: ")
+    ]
+    assert not _lines_the_prefilter_drops(lines, matcher)
+
+
+@pytest.mark.skipif(not CORPUS.is_file(), reason="the development corpus is not beside the checkout")
+def test_the_prefilter_never_drops_a_line_a_rule_matches_in_the_corpus():
+    matcher = matcher_for()
+    lines = [line for row in _corpus() for line in row["excerpt"].splitlines()]
+    assert not _lines_the_prefilter_drops(lines, matcher)
