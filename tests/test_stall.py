@@ -218,3 +218,15 @@ def test_a_census_names_the_ranks_of_the_world_that_printed_nothing_as_candidate
     assert (verdict["category"], verdict["culprit_ranks"], verdict["confidence"]) == ("hang", [], "low")
     assert verdict["facts"]["candidates"] == [2] and verdict["facts"]["world_size"] == 4
     assert "rank 2 printed nothing" in verdict["summary"]
+
+
+def test_a_warning_the_job_carried_on_after_does_not_hide_the_stall(tmp_path):
+    lines = [
+        "[W socket.cpp:663] [c10d] The client socket has failed to connect to [localhost]:29500 "
+        "(errno: 99 - Cannot assign requested address).",
+        "Epoch 0:   3%|3         | 40/1234 [00:10<05:00, 4.0it/s]",
+    ]
+    code, verdict = triage_json(write(tmp_path, "train.log", lines))
+    assert (verdict["category"], verdict["confidence"]) == ("hang", "low")
+    warned = next(f for f in verdict["findings"] if f["kind"].startswith("rendezvous."))
+    assert warned["role"] == "collateral"

@@ -59,6 +59,10 @@ def _effective_roles(events: list[LogEvent]) -> list[str]:
         role = "collateral" if explained else event.rule.role
         if role == "primary" and event.severity == "I":
             role = "symptom"  # a line logged at INFO level reports; it is not the failure itself
+        elif role != "collateral" and event.severity == "W":
+            # c10's TORCH_WARN (glog's W): a warning the process carried on after (a connect retry, an IPv6
+            # socket it could not open); the failure it may lead to is logged as an error.
+            role = "collateral"
         roles.append(role)
     return roles
 
