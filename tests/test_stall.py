@@ -230,3 +230,12 @@ def test_a_warning_the_job_carried_on_after_does_not_hide_the_stall(tmp_path):
     assert (verdict["category"], verdict["confidence"]) == ("hang", "low")
     warned = next(f for f in verdict["findings"] if f["kind"].startswith("rendezvous."))
     assert warned["role"] == "collateral"
+
+
+def test_a_log_that_stops_at_a_warning_a_rule_knows_keeps_that_warning(tmp_path):
+    warning = (
+        "[W socket.cpp:601] [c10d] The IPv6 network addresses of (node-7, 53821) cannot be retrieved "
+        "(gai error: -3 - Temporary failure in name resolution)."
+    )
+    code, verdict = triage_json(write(tmp_path, "train.log", [warning]))
+    assert (verdict["category"], verdict["confidence"]) == ("rendezvous", "low")

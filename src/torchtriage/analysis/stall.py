@@ -66,7 +66,9 @@ def _shows_a_stall(stack: LogStack, interrupted: bool) -> bool:
 
 
 def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
-    lines = tail.lines()
+    rich = tail.lines_with_severity()
+    lines = [(number, text, rank) for number, text, rank, _ in rich]
+    reports = {number for number, _, _, severity in rich if severity in ("I", "W")}  # logged, carried on
     window = lines[-_INTERRUPT_WINDOW:]
     interrupt = next((item for item in reversed(window) if known.interrupted(item[1])), None)
     stacks = [s for s in stacks_in(lines) if _shows_a_stall(s, interrupt is not None)]
@@ -75,7 +77,9 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     # Teardown chatter may follow the sign of a finished job ("Destroy COMPLETE", then plugins closing).
     finished = any(known.finished_by(text) for _, text, _ in meaningful[-_FINISH_WINDOW:])
     framed = {f.printed_at for stack in stacks for f in stack.frames}  # a frame's name is not an error line
-    failures = [item for item in window if item[0] not in framed and known.shows_failure(item[1])]
+    failures = [
+        item for item in window if item[0] not in framed and item[0] not in reports and known.shows_failure(item[1])
+    ]
     first = next((text for _, text, _ in lines if text.strip()), "")
     cut_at_start = tail.first_line == 1 and _starts_mid_message(first)
     worlds = [w for w in map(known.world_size_in, (text for _, text, _ in lines)) if w]

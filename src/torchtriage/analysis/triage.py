@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
-from torchtriage.analysis.stall import assess_stall, what_was_seen
+from torchtriage.analysis.stall import LOG_STOPS, assess_stall, what_was_seen
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -112,6 +112,15 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             )
         )
     return candidates
+
+
+def _stops_at_a_known_line(stall: Assessment, candidates: list[_Candidate]) -> bool:
+    """Whether a log that only 'stops' stops at a line a rule knows (a warning, say): then that line,
+    not the stop, is the evidence."""
+    if stall.lead is None or stall.lead.kind != LOG_STOPS or not stall.lead.evidence:
+        return False
+    last = stall.lead.evidence[0]
+    return any((c.file, c.line) == (last.file, last.line) for c in candidates)
 
 
 _BLOCKED_RULE = "hang.stack_in_collective"
@@ -296,7 +305,7 @@ def assess_logs(records: LogRecords) -> Assessment:
     if all(c.role == "collateral" for c in candidates):
         # No error of its own: where the logs stop, the lowest layer, speaks before any aftermath does.
         stall = assess_stall(records)
-        if stall is not None:
+        if stall is not None and not _stops_at_a_known_line(stall, candidates):
             stall.findings += _findings(candidates)
             return stall
     if not candidates:

@@ -51,6 +51,8 @@ _GLOG = re.compile(
     r"\[?(?P<sev>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)"
     r"(?:\s+\d+)?\s+[^\s\]]+:\d+\]\s?"
 )
+# c10's older header, without date or time: "[W socket.cpp:663] ", "[E ProcessGroupNCCL.cpp:737] ".
+_GLOG_SHORT = re.compile(r"\[(?P<sev>[IWEF]) [^\s\]]{1,200}:\d{1,7}\]\s?")
 # ISO-like dates, optionally bracketed, optionally followed by a separator: "2026-11-30 04:32:11,123 - "
 _ISO = re.compile(
     r"\[?(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?))"
@@ -98,11 +100,12 @@ def normalise(raw: str) -> Normalised:
     time: float | None = None
     severity: str | None = None
     rank_is_global = False
+    after_header = False  # rank markers after a log header belong to the message
     for _ in range(_MAX_LAYERS):
         peeled = False
         # Rank markers after a log header belong to the message ("[Rank 3] Watchdog caught ..."):
         # rules read them there.
-        for prefix in _RANK_PREFIXES if time is None else ():
+        for prefix in _RANK_PREFIXES if not after_header else ():
             match = prefix.match(text)
             if match:
                 # "[default3]:[rank35]:" — torchrun's tee prefix carries the local rank, torch's own
@@ -113,7 +116,7 @@ def normalise(raw: str) -> Normalised:
                 text = text[match.end() :]
                 peeled = True
                 break
-        if not peeled and rank is None and time is None:
+        if not peeled and rank is None and not after_header:
             host = next((m for m in (p.match(text) for p in _HOST_PREFIXES) if m), None)
             if host is None:
                 named = _HOSTNAME.match(text)
@@ -129,7 +132,11 @@ def normalise(raw: str) -> Normalised:
                 time = _seconds(match.group("month"), match.group("day"), match.group("hms"))
                 severity = match.groupdict().get("sev")
                 text = text[match.end() :]
-                peeled = True
+                peeled = after_header = True
+        if not peeled and severity is None:
+            short = _GLOG_SHORT.match(text)
+            if short:
+                severity, text, peeled, after_header = short.group("sev"), text[short.end() :], True, True
         if not peeled:
             break
     return Normalised(_nccl_tagged(text), rank, time, severity)

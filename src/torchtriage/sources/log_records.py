@@ -79,10 +79,15 @@ class LogTail:
 
     def lines(self) -> list[tuple[int, str, int | None]]:
         """(line number, normalised text, rank) of every line of the tail."""
+        return [(number, text, rank) for number, text, rank, _ in self.lines_with_severity()]
+
+    def lines_with_severity(self) -> list[tuple[int, str, int | None, str | None]]:
+        """(line number, normalised text, rank, glog's severity or the logger's level) of every line."""
         out = []
         for number, raw in enumerate(self.data.decode("utf-8", errors="replace").splitlines(), self.first_line):
             line = normalise(raw[:MAX_LINE_CHARS])
-            out.append((number, line.text, line.rank if line.rank is not None else self.rank))
+            rank = line.rank if line.rank is not None else self.rank
+            out.append((number, line.text, rank, line.severity or _level(line.text)))
         return out
 
 
