@@ -139,13 +139,12 @@ def what_was_seen(records: LogRecords, known: StallKnowledge | None = None) -> t
     seen = (f"ranks seen: {format_ranks(ranks)}" if ranks else "no rank named") + (
         "; the log starts mid-message" if facts.get("cut_at_start") else ""
     )
-    finding = Finding(
+    finding = _line_finding(
         UNRECOGNISED,
-        [rank] if rank is not None else [],
-        f"The log shows a failure that no rule knows: {text.strip()[:200]}",
-        "symptom",
         "unknown",
-        [Evidence("log", reading.file, line, rank, text.strip()[:500])],
+        reading.file,
+        (line, text, rank),
+        f"The log shows a failure that no rule knows: {text.strip()[:200]}",
         {"last_failure": text.strip()[:300], "seen": seen},
     )
     return facts, [finding]
@@ -186,6 +185,17 @@ def _stack_evidence(position: RankPosition, stack_line: int) -> list[Evidence]:
     return [Evidence("log", position.file, f.printed_at or stack_line, rank, f.text) for f in shown] or [
         Evidence("log", position.file, stack_line, rank, "a stack with no frame the classifier could read")
     ]
+
+
+def _line_finding(
+    kind: str, category: str, file: str, item: tuple[int, str, int | None], message: str, facts: dict
+) -> Finding:
+    """A symptom whose evidence is one line of the log: `item` is (line number, text, rank)."""
+    line, text, rank = item
+    ranks = [rank] if rank is not None else []
+    return Finding(
+        kind, ranks, message, "symptom", category, [Evidence("log", file, line, rank, text.strip()[:500])], facts
+    )
 
 
 def _who(position: RankPosition) -> str:
@@ -293,13 +303,12 @@ def _log_stops(
     seen = f"; ranks seen: {format_ranks(ranks)}" if ranks else ""
     if silent:
         seen += f"; of a world of {world}, {format_ranks(silent)} printed nothing"
-    finding = Finding(
+    finding = _line_finding(
         LOG_STOPS,
-        [rank] if rank is not None else [],
-        f"The log shows no error and stops after {what}: {text.strip()[:200]}{seen}",
-        "symptom",
         "hang",
-        [Evidence("log", reading.file, line, rank, text.strip()[:500])],
+        reading.file,
+        (line, text, rank),
+        f"The log shows no error and stops after {what}: {text.strip()[:200]}{seen}",
         {"last_line": text.strip()[:500], "doing": doing or "", "stopped_after": what},
     )
     return Assessment(
