@@ -239,3 +239,22 @@ def test_a_log_that_stops_at_a_warning_a_rule_knows_keeps_that_warning(tmp_path)
     )
     code, verdict = triage_json(write(tmp_path, "train.log", [warning]))
     assert (verdict["category"], verdict["confidence"]) == ("rendezvous", "low")
+
+
+def test_after_ctrl_c_the_ranks_that_printed_a_stack_outside_a_collective_are_the_candidates(tmp_path):
+    sleeping = [
+        "[default1]:Traceback (most recent call last):",
+        '[default1]:  File "/job/hang.py", line 140, in <module>',
+        "[default1]:    culprit_skip(tensor)",
+        '[default1]:  File "/job/hang.py", line 67, in culprit_skip',
+        "[default1]:    time.sleep(FOREVER_S)",
+        "[default1]:KeyboardInterrupt",
+    ]
+    agent = "W1201 10:00:00.000000 611 torch/distributed/elastic/agent/server/api.py:704]"
+    lines = ["[default0]:READY rank=0 pid=100", "[default1]:READY rank=1 pid=101"]
+    lines += [f"{agent} Received Signals.SIGINT death signal, shutting down workers", *sleeping]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [])
+    assert verdict["facts"]["candidates"] == [1]
+    outside = next(f for f in verdict["findings"] if f["kind"] == "hang.interrupted_outside_collective")
+    assert "rank 0 printed nothing" in outside["message"]

@@ -42,12 +42,16 @@ def innermost_user_frame(frames: Sequence[Frame]) -> Frame | None:
 def collective_of(frames: Sequence[Frame], known: StackKnowledge | None = None) -> tuple[str, Frame] | None:
     """The collective the user called and its frame: the outermost frame inside a known collective."""
     known = known or stack_knowledge()
+    return _outermost(frames, known.collectives) or _outermost(frames, known.generic_collectives)
+
+
+def _outermost(frames: Sequence[Frame], table) -> tuple[str, Frame] | None:
     found = None
     for frame in frames:  # innermost first: keep the outermost match, the call the user made
         if frame.native:
             continue
         name = _function(frame)
-        for suffixes, ops in known.collectives:
+        for suffixes, ops in table:
             if name in ops and any(_matches(frame, s) for s in suffixes):
                 found = (ops[name], frame)
     return found

@@ -25,6 +25,7 @@ from torchtriage.sources.log_stacks import LogStack, stacks_in
 
 UNRECOGNISED = "logs.unrecognised_failure"
 INTERRUPTED = "hang.interrupted"
+INTERRUPTED_OUTSIDE = "hang.interrupted_outside_collective"
 STACK_DUMP = "hang.stack_dump"
 LOG_STOPS = "hang.log_stops"
 # The exceptions a stalled job is stopped with from outside: their traceback is where it was stuck.
@@ -198,6 +199,27 @@ def _line_finding(
     )
 
 
+def _it_was(ranks: list[int]) -> str:
+    return "it was" if len(ranks) == 1 else "they were"
+
+
+def every_rank_seen(records: LogRecords) -> set[int]:
+    """The ranks of the lines that matched, and of every line at the ends of the logs."""
+    return set(records.ranks_seen) | {r for tail in records.tails for _, _, r in tail.lines() if r is not None}
+
+
+def _interrupted_in_python_only(
+    ranked: dict[int, tuple[RankPosition, LogStack]], seen: set[int]
+) -> tuple[list[int], list[int]] | None:
+    """After Ctrl-C: the ranks that printed a stack in no collective, and the ranks the log shows that
+    printed none (blocked in native code, where a collective waits), when there are both."""
+    stacked = sorted(r for r, (position, _) in ranked.items() if not position.waiting)
+    if not stacked or len(stacked) < len(ranked):
+        return None  # some rank was interrupted inside a collective: the cross-rank analysis decides
+    silent = sorted(seen - set(ranked))
+    return (stacked, silent) if silent else None
+
+
 def _who(position: RankPosition) -> str:
     return f"rank {position.rank}" if position.rank >= 0 else "the process"
 
@@ -255,6 +277,28 @@ def assess_stall(records: LogRecords, known: StallKnowledge | None = None) -> As
         if position.user_frame is not None:
             facts["user_frame"] = position.user_frame.to_fact(position.rank if position.rank >= 0 else None)
         confidence = "medium" if position.waiting else "low"
+    if interrupts and not culprits:
+        quiet = _interrupted_in_python_only(ranked, every_rank_seen(records))
+        if quiet:
+            stacked, silent = quiet
+            facts["candidates"] = stacked
+            findings.append(
+                Finding(
+                    INTERRUPTED_OUTSIDE,
+                    stacked,
+                    f"Interrupted, {format_ranks(stacked)} printed where {_it_was(stacked)}"
+                    f" (in no collective) and {format_ranks(silent)} printed nothing: Python raises KeyboardInterrupt"
+                    " only between bytecodes, so a rank blocked inside a collective's native wait prints no stack",
+                    "symptom",
+                    "hang",
+                    [
+                        e
+                        for position, stack in (ranked[r] for r in stacked)
+                        for e in _stack_evidence(position, stack.line)
+                    ][:4],
+                    {"candidates": stacked, "silent": silent},
+                )
+            )
     if interrupts:
         reading, (line, text, rank) = interrupts[0]
         where = findings[0].message if findings else "no stack of where it was"

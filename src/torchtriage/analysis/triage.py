@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
-from torchtriage.analysis.stall import LOG_STOPS, assess_stall, what_was_seen
+from torchtriage.analysis.stall import LOG_STOPS, assess_stall, every_rank_seen, what_was_seen
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -241,16 +241,11 @@ def _ranks_the_lines_name(
         ready = _rank_numbers(c.event.facts.get("ready_ranks", ""))
         if ready:
             world = as_int(str(facts.get("world_size", "")), None) if "world_size" in facts else None
-            everyone = set(range(world)) if world and world <= 1 << 20 else _every_rank_seen(records)
+            everyone = set(range(world)) if world and world <= 1 << 20 else every_rank_seen(records)
             missing = sorted(everyone - set(ready))
             if missing:
                 return missing, c.kind
     return [], None
-
-
-def _every_rank_seen(records: LogRecords) -> set[int]:
-    """The ranks of the lines that matched, and of every line at the ends of the logs."""
-    return set(records.ranks_seen) | {rank for tail in records.tails for _, _, rank in tail.lines() if rank is not None}
 
 
 def _child_failure_facts(failures: list[ChildFailure]) -> dict:

@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from torchtriage.knowledge.loader import (
+    BOOLEAN,
     KNOWLEDGE_DIR,
     STRING,
     STRING_TABLE,
@@ -33,6 +34,7 @@ class StackKnowledge:
     library_packages: frozenset[str]
     library_paths: re.Pattern[str]
     collectives: tuple[tuple[tuple[str, ...], dict[str, str]], ...]  # (file suffixes, function -> op)
+    generic_collectives: tuple[tuple[tuple[str, ...], dict[str, str]], ...]
     gpu_waits: dict[tuple[str, str], str]  # (file suffix, function) -> the wait's name
     dataloader_path: str
     dataloader_waits: frozenset[str]
@@ -86,15 +88,19 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
     )
     name = path.name
     libraries = check_table(data["libraries"], f"{name} [libraries]", {"packages": STRINGS, "path_patterns": STRINGS})
-    collectives = []
+    collectives: list = []
+    generic: list = []  # wrappers around any collective: they decide only where no specific one does
     for index, raw in enumerate(data["collectives"]):
         entry = check_table(
-            raw, f"{name} [[collectives]] #{index + 1}", {"files": STRINGS}, {"functions": STRINGS, "ops": STRING_TABLE}
+            raw,
+            f"{name} [[collectives]] #{index + 1}",
+            {"files": STRINGS},
+            {"functions": STRINGS, "ops": STRING_TABLE, "generic": BOOLEAN},
         )
         ops = {function: function for function in entry.get("functions", [])} | {
             str(k): str(v) for k, v in entry.get("ops", {}).items()
         }
-        collectives.append((tuple(entry["files"]), ops))
+        (generic if entry.get("generic") else collectives).append((tuple(entry["files"]), ops))
     gpu_waits = {}
     for index, raw in enumerate(data["gpu_waits"]):
         entry = check_table(
@@ -121,6 +127,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         library_packages=frozenset(libraries["packages"]),
         library_paths=_compile("|".join(libraries["path_patterns"]), f"{name} [libraries]"),
         collectives=tuple(collectives),
+        generic_collectives=tuple(generic),
         gpu_waits=gpu_waits,
         dataloader_path=dataloader["path"],
         dataloader_waits=frozenset(dataloader["waiting"]),
