@@ -258,3 +258,10 @@ def test_after_ctrl_c_the_ranks_that_printed_a_stack_outside_a_collective_are_th
     assert verdict["facts"]["candidates"] == [1]
     outside = next(f for f in verdict["findings"] if f["kind"] == "hang.interrupted_outside_collective")
     assert "rank 0 printed nothing" in outside["message"]
+
+
+def test_a_stall_in_a_log_that_starts_mid_message_says_its_beginning_is_missing(tmp_path):
+    lines = ["    output = self.module(*inputs)", "Epoch 0:   0%|          | 0/1234 [00:00<?, ?it/s]"]
+    code, verdict = triage_json(write(tmp_path, "train.log", lines))
+    assert (verdict["category"], verdict["confidence"], verdict["facts"]["cut_at_start"]) == ("hang", "low", True)
+    assert "starts mid-message" in verdict["summary"]

@@ -13,6 +13,7 @@ rank that is not where the others wait. The rest is said with the confidence it 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from torchtriage.analysis.positions import describe, position_of
@@ -116,8 +117,25 @@ def _starts_mid_message(text: str) -> bool:
     lower-case continuation, a C++ frame."""
     stripped = text.strip()
     return bool(stripped) and (
-        text[:1].isspace() or stripped.startswith(('File "', "frame #", "^")) or stripped[:1].islower()
+        text[:1].isspace()
+        or stripped.startswith(('File "', "frame #", "^"))
+        or stripped[:1].islower()
+        or _NATIVE_FRAME.match(stripped) is not None
     )
+
+
+# A native frame of a backtrace: gdb's "#3  0x00007f... in f ()", UCX's and glibc's "3 0x0000000000014420 f()".
+_NATIVE_FRAME = re.compile(r"#?\d{1,4}\s+0x[0-9a-fA-F]{4,16}\b")
+
+
+def starts_mid_message(tail: LogTail) -> bool:
+    """Whether a log (whose tail is all of it) begins inside a message: a paste that starts after what
+    came first. Reads only its first lines."""
+    if tail.first_line != 1:
+        return False
+    head = LogTail(tail.file, tail.rank, 1, tail.data[:4096].rsplit(b"\n", 1)[0])
+    first = next((text for _, text, _ in head.lines() if text.strip()), "")
+    return _starts_mid_message(first)
 
 
 def what_was_seen(records: LogRecords, known: StallKnowledge | None = None) -> tuple[dict, list[Finding]]:
@@ -224,10 +242,22 @@ def _who(position: RankPosition) -> str:
     return f"rank {position.rank}" if position.rank >= 0 else "the process"
 
 
+_CUT_AT_START = "the log starts mid-message: what came before, the first failure perhaps, is not in it"
+
+
 def assess_stall(records: LogRecords, known: StallKnowledge | None = None) -> Assessment | None:
-    """A `hang` assessment from the ends of the logs, or None when they carry no sign of a stall."""
+    """A `hang` assessment from the ends of the logs, or None when they carry no sign of a stall. A log
+    that starts mid-message says so: its beginning, where a failure may be, is missing."""
     known = known or stall_knowledge()
     readings = [read_tail(tail, known) for tail in records.tails]
+    assessment = _assess_stall(records, readings, known)
+    if assessment is not None and any(r.cut_at_start for r in readings):
+        assessment.facts["cut_at_start"] = True
+        assessment.summary = f"{assessment.summary}; {_CUT_AT_START}"
+    return assessment
+
+
+def _assess_stall(records: LogRecords, readings: list[TailReading], known: StallKnowledge) -> Assessment | None:
     stacks = [(r, s) for r in readings for s in r.stacks]
     interrupts = [(r, r.interrupt) for r in readings if r.interrupt is not None]
     if any(r.failed for r in readings) and not interrupts:

@@ -18,7 +18,13 @@ from dataclasses import dataclass
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
-from torchtriage.analysis.stall import LOG_STOPS, assess_stall, every_rank_seen, what_was_seen
+from torchtriage.analysis.stall import (
+    LOG_STOPS,
+    assess_stall,
+    every_rank_seen,
+    starts_mid_message,
+    what_was_seen,
+)
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -364,6 +370,13 @@ def assess_logs(records: LogRecords) -> Assessment:
 
     facts["ranks_seen"] = sorted(records.ranks_seen)
     facts["order_basis"] = order_basis
+    cut = [t.file for t in records.tails if starts_mid_message(t)]
+    if cut:
+        facts["cut_at_start"] = True
+        records.problems.append(
+            f"{', '.join(cut[:3])}: starts mid-message; what came before it (the first failure, perhaps) is not "
+            "in the log, so the verdict is about what follows"
+        )
     if order_basis == "rule specificity" and len(_rank_list({c.rank for c in candidates})) > 1:
         records.problems.append(
             "The order of failures across files could not be established (no comparable timestamps); "
