@@ -90,3 +90,9 @@ def test_a_path_in_a_pattern_is_not_a_phrase():
     assert rule.phrases == ()  # a frame line's path locates a stack; it does not name a failure
     frame = '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 25, in barrier'
     assert not [e for e in events_for(frame + "\n") if e.rule.id == rule.id]
+
+
+def test_a_line_cut_inside_a_phrase_at_a_words_end_still_reaches_its_rule():
+    cut = "[Rank 12] Watchdog caught collective operation timeout:"
+    assert [e for e in events_for(cut + "\n") if e.rule.id == "nccl.watchdog_timeout"]
+    assert not [e for e in events_for("[Rank 12] Watchdog caught coll\n") if e.rule.id == "nccl.watchdog_timeout"]

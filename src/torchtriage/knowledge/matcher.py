@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtriage.knowledge.prefilter import STRUCTURE_MARKERS, compile_prefilter, longest_literal_regex
-from torchtriage.knowledge.rules import Rule
+from torchtriage.knowledge.rules import MIN_PHRASE, Rule
 
 
 def _first_match(pattern, text: str, unless: tuple):
@@ -43,9 +43,23 @@ def _phrase_match(rule: Rule, phrases: tuple[str, ...], text: str) -> RuleMatch 
         return None
     for phrase in phrases:
         at = text.find(phrase)
+        if at < 0:
+            at = _cut_inside(phrase, text)
         if at >= 0 and not any(veto.search(text[at:]) for veto in rule.unless):
             return RuleMatch(rule, {"message_cut": phrase})
     return None
+
+
+def _cut_inside(phrase: str, text: str) -> int:
+    """Where `text` ends with the beginning of `phrase` cut at a word's end ("... operation timeout:" of
+    "... operation timeout: WorkNCCL("), long enough to name the message alone; else -1."""
+    end = text.rstrip()
+    for size in range(len(phrase) - 1, MIN_PHRASE - 1, -1):
+        if phrase[size - 1].isalnum() and phrase[size].isalnum():
+            continue  # mid-word: the head of another word could be anything
+        if end.endswith(phrase[:size].rstrip()):
+            return len(end) - len(phrase[:size].rstrip())
+    return -1
 
 
 @dataclass(frozen=True)

@@ -181,7 +181,7 @@ def _wrapping(raw_lines: list[bytes], peeled: bool) -> Wrapping | None:
     wrapping = Wrapping(width, padded, peeled)
     follows = [(i, line, lines[i + 1]) for i, line in enumerate(lines[:-1]) if len(line) == width and lines[i + 1]]
     continuing = sum(1 for i, _, _ in follows if _continues(raw_lines[i], raw_lines[i + 1], wrapping))
-    if not follows or continuing < 0.7 * len(follows):
+    if not follows or continuing < 0.5 * len(follows):
         return None
     # Two lines of one length could be chance; a word cut in two is not.
     cut_words = sum(1 for _, line, following in follows if line[-1:].isalnum() and following[:1].isalnum())
@@ -192,6 +192,9 @@ def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
     """Whether `following` is the rest of `line`: `line` was cut at the width (in a padded capture, not
     padded to it: its text ended before the edge) and `following` does not start a record of its own."""
     line = line.rstrip(b"\r")
+    theirs = _OUTER.match(following).group(0)
+    if theirs and theirs != _OUTER.match(line).group(0):
+        return False  # another launcher-prefixed record (another rank's line) starts here
     if wrapping.peeled:
         # A program's own wrap under a launcher's prefix: both pieces carry the same prefix.
         prefix = _OUTER.match(line).group(0)
