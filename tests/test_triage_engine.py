@@ -195,3 +195,18 @@ def test_the_ranks_a_report_names_as_behind_are_the_culprits(tmp_path):
     ]
     code, verdict = triage_json(write(tmp_path, "horovod.log", lines))
     assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2])
+
+
+def test_an_exception_no_rule_knows_takes_the_category_of_its_type_with_medium_confidence(tmp_path):
+    lines = [
+        "[rank1]: Traceback (most recent call last):",
+        '[rank1]:   File "/job/train.py", line 90, in <module>',
+        "[rank1]:     state = checkpoint['model.layers.0.weight']",
+        "[rank1]: KeyError: 'model.layers.0.weight'",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"], verdict["confidence"]) == ("usage", [1], "medium")
+    code, verdict = triage_json(write(tmp_path, "oom.log", ["[rank2]: torch.cuda.OutOfMemoryError"]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])
+    code, verdict = triage_json(write(tmp_path, "killed.log", ["step 3 loss 1.2", "Killed"]))
+    assert verdict["category"] == "host_oom"

@@ -106,7 +106,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             _Candidate(
                 role=_exception_role(tb),
                 priority=1,
-                category=stack_knowledge().category_raised_in(tb.frames[::-1]) or "unknown",
+                category=_category_of_exception(tb),
                 kind=UNCAUGHT_EXCEPTION,
                 title=f"{tb.exception} raised",
                 rank=tb.rank,
@@ -161,6 +161,12 @@ def _blocked_in_collective(tb: PyTraceback, order_base: int) -> _Candidate | Non
         order=order_base + tb.line,
         text=f'File "{last.file}", line {last.line}, in {last.function} (stack ends inside {op})',
     )
+
+
+def _category_of_exception(tb: PyTraceback) -> str:
+    """An exception no rule knows: the category of where it was raised, else of its type, else unknown."""
+    known = stack_knowledge()
+    return known.category_raised_in(tb.frames[::-1]) or known.category_raised_as(tb.exception) or "unknown"
 
 
 def _exception_role(tb: PyTraceback) -> str:
@@ -386,8 +392,10 @@ def assess_logs(records: LogRecords) -> Assessment:
     confidence = {"primary": "high", "symptom": "medium", "collateral": "low"}[primary.role]
     if blaming is not None and blaming.kind in TIMEOUT_KINDS:
         confidence = "high"  # the ranks' own records single the culprit out
-    elif primary.category == "unknown":
-        confidence = "medium" if primary.role == "primary" and culprits else "low"
+    elif primary.kind == UNCAUGHT_EXCEPTION:
+        # An exception no rule knows: its category is read from where it was raised or from its type.
+        placed = culprits or primary.category != "unknown"
+        confidence = "medium" if primary.role == "primary" and placed else "low"
     return Assessment(
         source="logs",
         findings=findings,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -45,6 +45,11 @@ class StackKnowledge:
     native_lock: re.Pattern[str]
     native_sleep: re.Pattern[str]
     raised_in: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = ()  # (path fragments, functions, category)
+    raised_as: dict[str, str] = field(default_factory=dict)  # exception type (last dotted name) -> category
+
+    def category_raised_as(self, exception: str | None) -> str | None:
+        """The category an exception's type implies, or None."""
+        return self.raised_as.get((exception or "").rsplit(".", 1)[-1])
 
     def category_raised_in(self, frames: Sequence[Frame]) -> str | None:
         """The category of the place an exception was raised: the innermost frame (`frames` innermost
@@ -84,7 +89,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         read_toml(path),
         path.name,
         {"libraries": TABLE, "collectives": TABLES, "gpu_waits": TABLES, "dataloader": TABLE, "locks": TABLES},
-        {"native": TABLE, "raised_in": TABLES},
+        {"native": TABLE, "raised_in": TABLES, "raised_as": TABLES},
     )
     name = path.name
     libraries = check_table(data["libraries"], f"{name} [libraries]", {"packages": STRINGS, "path_patterns": STRINGS})
@@ -120,6 +125,12 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         if entry["category"] not in CATEGORIES:
             raise KnowledgeError(f"{name} [[raised_in]] #{index + 1}: unknown category {entry['category']!r}")
         raised_in.append((tuple(entry["files"]), frozenset(entry.get("functions", [])), entry["category"]))
+    raised_as: dict[str, str] = {}
+    for index, raw in enumerate(data.get("raised_as", [])):
+        entry = check_table(raw, f"{name} [[raised_as]] #{index + 1}", {"exceptions": STRINGS, "category": STRING})
+        if entry["category"] not in CATEGORIES:
+            raise KnowledgeError(f"{name} [[raised_as]] #{index + 1}: unknown category {entry['category']!r}")
+        raised_as |= dict.fromkeys(entry["exceptions"], entry["category"])
     native_keys = ("work_wait", "c10d", "gpu_wait", "lock", "sleep")
     native = check_table(data.get("native", {}), f"{name} [native]", {k: STRING for k in native_keys})
     where = f"{name} [native]"
@@ -138,6 +149,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         native_lock=_compile(native["lock"], where),
         native_sleep=_compile(native["sleep"], where),
         raised_in=tuple(raised_in),
+        raised_as=raised_as,
     )
 
 
