@@ -265,3 +265,14 @@ def test_a_stall_in_a_log_that_starts_mid_message_says_its_beginning_is_missing(
     code, verdict = triage_json(write(tmp_path, "train.log", lines))
     assert (verdict["category"], verdict["confidence"], verdict["facts"]["cut_at_start"]) == ("hang", "low", True)
     assert "starts mid-message" in verdict["summary"]
+
+
+def test_a_loss_that_grows_by_orders_of_magnitude_is_a_divergence_and_a_noisy_one_is_not(tmp_path):
+    step = "Epoch [6][{i}/3681]  lr: 0.02000, time: 0.8, loss_cls: 0.25, loss: {loss}"
+    exploding = [step.format(i=i, loss=loss) for i, loss in enumerate([0.62, 1.01, 0.58, 0.7, 225192.61, 1.7e10])]
+    code, verdict = triage_json(write(tmp_path, "diverged.log", exploding))
+    assert (verdict["category"], verdict["confidence"]) == ("nan_inf", "low")
+    assert verdict["findings"][0]["kind"] == "nan_inf.loss_diverged"
+    noisy = [step.format(i=i, loss=loss) for i, loss in enumerate([2.3, 2.1, 2.4, 9.8, 2.0, 1.9])]
+    code, verdict = triage_json(write(tmp_path, "noisy.log", noisy))
+    assert verdict["category"] == "hang"  # a log that just stops, not a divergence

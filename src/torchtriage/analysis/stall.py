@@ -13,7 +13,9 @@ rank that is not where the others wait. The rest is said with the confidence it 
 
 from __future__ import annotations
 
+import math
 import re
+import statistics
 from dataclasses import dataclass
 
 from torchtriage.analysis.positions import describe, position_of
@@ -25,6 +27,7 @@ from torchtriage.sources.log_records import LogRecords, LogTail
 from torchtriage.sources.log_stacks import LogStack, stacks_in
 
 UNRECOGNISED = "logs.unrecognised_failure"
+LOSS_DIVERGED = "nan_inf.loss_diverged"
 INTERRUPTED = "hang.interrupted"
 INTERRUPTED_OUTSIDE = "hang.interrupted_outside_collective"
 STACK_DUMP = "hang.stack_dump"
@@ -50,6 +53,7 @@ class TailReading:
     last_failure: tuple[int, str, int | None] | None = None  # the last of those lines
     cut_at_start: bool = False  # the tail begins inside a message (the log or the paste starts mid-way)
     world_size: int | None = None  # the largest world size a line states
+    diverged: tuple[tuple[int, str, int | None], float, float] | None = None  # (line, loss, its earlier median)
 
 
 def stops_with_interrupt(stack: LogStack) -> bool:
@@ -85,6 +89,7 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     first = next((text for _, text, _ in lines if text.strip()), "")
     cut_at_start = tail.first_line == 1 and _starts_mid_message(first)
     worlds = [w for w in map(known.world_size_in, (text for _, text, _ in lines)) if w]
+    diverged = _loss_diverged(lines, known)
     return TailReading(
         tail.file,
         stacks,
@@ -95,7 +100,23 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
         failures[-1] if failures else None,
         cut_at_start,
         max(worlds) if worlds else None,
+        diverged,
     )
+
+
+_LOSS_BASELINE = 3  # the first losses of a log whose median is the scale the others are measured against
+
+
+def _loss_diverged(lines: list[tuple[int, str, int | None]], known: StallKnowledge):
+    """The first step line whose loss grew `factor`-fold over the median of the log's first losses."""
+    losses = [(item, value) for item in lines if (value := known.loss_in(item[1])) is not None and math.isfinite(value)]
+    if len(losses) <= _LOSS_BASELINE:
+        return None
+    baseline = statistics.median(abs(v) for _, v in losses[:_LOSS_BASELINE])
+    for item, value in losses[_LOSS_BASELINE:]:
+        if baseline > 0 and value >= known.loss_at_least and value >= known.loss_factor * baseline:
+            return item, value, baseline
+    return None
 
 
 # A census is taken of worlds up to this size: beyond it a log names too few ranks to say who is missing.
@@ -263,6 +284,9 @@ def _assess_stall(records: LogRecords, readings: list[TailReading], known: Stall
     if any(r.failed for r in readings) and not interrupts:
         return None  # a failure no rule knows is not a stall: it stays unknown
     if not stacks and not interrupts:
+        diverging = next((r for r in readings if r.diverged is not None), None)
+        if diverging is not None:
+            return _loss_diverges(records, diverging)
         ends = [(r, r.last) for r in readings if r.last is not None]
         if not ends or all(r.finished for r, _ in ends):
             return None
@@ -360,6 +384,31 @@ def _assess_stall(records: LogRecords, readings: list[TailReading], known: Stall
         problems=records.problems,
         lead=lead,
         blaming=next((f for f in findings if f.blames), None),
+    )
+
+
+def _loss_diverges(records: LogRecords, reading: TailReading) -> Assessment:
+    """No error, but the loss grew by orders of magnitude: the run diverged (a NaN or a crash usually follows)."""
+    item, value, baseline = reading.diverged  # type: ignore[misc]
+    finding = _line_finding(
+        LOSS_DIVERGED,
+        "nan_inf",
+        reading.file,
+        item,
+        f"The loss diverged: {value:.4g}, from about {baseline:.4g} at the start of the log, with no error reported",
+        {"loss": f"{value:.6g}", "baseline_loss": f"{baseline:.6g}"},
+    )
+    return Assessment(
+        source="logs",
+        findings=[finding],
+        summary=finding.message,
+        category="nan_inf",
+        culprits=list(finding.ranks),
+        confidence="low",
+        facts={"ranks_seen": sorted(records.ranks_seen), "loss": finding.facts["loss"]},
+        files=records.files_read,
+        problems=records.problems,
+        lead=finding,
     )
 
 

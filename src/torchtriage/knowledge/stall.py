@@ -8,7 +8,7 @@ from functools import lru_cache
 from typing import Any
 
 from torchtriage.knowledge.linear_regex import compile_linear
-from torchtriage.knowledge.loader import KNOWLEDGE_DIR, STRING, STRINGS, TABLE, TABLES, check_table, read_toml
+from torchtriage.knowledge.loader import KNOWLEDGE_DIR, NUMBER, STRING, STRINGS, TABLE, TABLES, check_table, read_toml
 
 STALL_FILE = KNOWLEDGE_DIR / "stall.toml"
 
@@ -22,6 +22,20 @@ class StallKnowledge:
     informational: tuple[Any, ...]
     world_size: tuple[Any, ...]
     last_line: tuple[tuple[str, tuple[Any, ...]], ...]  # (what the job was doing, patterns)
+    loss: tuple[Any, ...] = ()
+    loss_factor: float = 1000.0
+    loss_at_least: float = 1000.0
+
+    def loss_in(self, text: str) -> float | None:
+        """The loss a step line states, or None."""
+        for pattern in self.loss:
+            found = pattern.search(text)
+            if found:
+                try:
+                    return float(found.group("value"))
+                except (OverflowError, ValueError):
+                    return None
+        return None
 
     def interrupted(self, text: str) -> bool:
         return any(p.search(text) for p in self.interrupt)
@@ -65,6 +79,7 @@ def stall_knowledge() -> StallKnowledge:
             "failure": TABLE,
             "informational": TABLE,
             "world_size": TABLE,
+            "loss": TABLE,
             "last_line": TABLES,
         },
     )
@@ -72,6 +87,8 @@ def stall_knowledge() -> StallKnowledge:
     for name in ("interrupt", "finished", "noise", "failure", "informational", "world_size"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
+    loss_where = f"{STALL_FILE.name} [loss]"
+    loss = check_table(raw["loss"], loss_where, {"patterns": STRINGS, "factor": NUMBER, "at_least": NUMBER})
     last = []
     for index, item in enumerate(raw["last_line"]):
         where = f"{STALL_FILE.name} [[last_line]] {index + 1}"
@@ -85,4 +102,7 @@ def stall_knowledge() -> StallKnowledge:
         sections["informational"],
         sections["world_size"],
         tuple(last),
+        _patterns(loss, loss_where),
+        float(loss["factor"]),
+        float(loss["at_least"]),
     )
