@@ -76,18 +76,24 @@ class LogTail:
     rank: int | None  # the rank the file's name implies
     first_line: int
     data: bytes
+    _normalised: list | None = field(default=None, repr=False, compare=False)
 
     def lines(self) -> list[tuple[int, str, int | None]]:
         """(line number, normalised text, rank) of every line of the tail."""
         return [(number, text, rank) for number, text, rank, _ in self.lines_with_severity()]
 
     def lines_with_severity(self) -> list[tuple[int, str, int | None, str | None]]:
-        """(line number, normalised text, rank, glog's severity or the logger's level) of every line."""
+        """(line number, normalised text, rank, glog's severity or the logger's level) of every line.
+
+        Normalised once: the stall layer, the census and the account of an unknown failure all read them."""
+        if self._normalised is not None:
+            return self._normalised
         out = []
         for number, raw in enumerate(self.data.decode("utf-8", errors="replace").splitlines(), self.first_line):
             line = normalise(raw[:MAX_LINE_CHARS])
             rank = line.rank if line.rank is not None else self.rank
             out.append((number, line.text, rank, line.severity or _level(line.text)))
+        self._normalised = out
         return out
 
 
