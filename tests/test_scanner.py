@@ -86,3 +86,38 @@ def test_the_re2_prefilter_and_the_python_fallback_find_the_same_lines():
     fast = list(scan_lines(io.BytesIO(data), compile_prefilter(WORDS)))
     fallback = list(scan_lines(io.BytesIO(data), literal_trie_regex(WORDS)))
     assert fast == fallback == naive(data, WORDS)
+
+
+# The kernel module prints one message over four lines under its tag (kernel-open/nvidia/nv.c), and the
+# kernel log puts its timestamp before each.
+NVRM_MISMATCH = [
+    "[   12.104251] NVRM: API mismatch: the client has the version 550.90.07, but",
+    "[   12.104252] NVRM: this kernel module has the version 550.54.15.  Please",
+    "[   12.104253] NVRM: make sure that this kernel module and all NVIDIA driver",
+    "[   12.104254] NVRM: components have the same version.",
+]
+
+
+@pytest.mark.parametrize("word", ["API mismatch", "kernel module has", "components have"])
+def test_one_message_over_lines_under_one_tag_is_read_whole_from_any_of_its_lines(word):
+    data = ("\n".join(["[   12.0] usb 1-1: new device", *NVRM_MISMATCH, "[   13.0] eth0: link up"]) + "\n").encode()
+    got = list(scan_lines(io.BytesIO(data), literal_trie_regex([word])))
+    assert len(got) == 1 and got[0][0] == 2
+    text = got[0][1].decode()
+    assert text.startswith(NVRM_MISMATCH[0]) and text.endswith("components have the same version.")
+    assert "but this kernel module has the version 550.54.15." in text
+
+
+def test_the_records_of_an_ordinary_log_are_never_joined():
+    lines = [
+        "INFO: loading model weights from the hub",
+        "INFO: starting training loop now",
+        "NVRM: GPU at PCI:0000:3b:00: GPU-1f2e3d4c",
+        "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus.",
+        "NVRM: a GPU crash dump has been created.",
+        "worker 3: step 10 done, loss 2.1",
+        "worker 3: step 11 done, loss 2.0",
+    ]
+    data = ("\n".join(lines) + "\n").encode()
+    got = list(scan_lines(io.BytesIO(data), literal_trie_regex([":"])))
+    assert [text.decode() for _, text in got] == lines

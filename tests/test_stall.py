@@ -276,3 +276,20 @@ def test_a_loss_that_grows_by_orders_of_magnitude_is_a_divergence_and_a_noisy_on
     noisy = [step.format(i=i, loss=loss) for i, loss in enumerate([2.3, 2.1, 2.4, 9.8, 2.0, 1.9])]
     code, verdict = triage_json(write(tmp_path, "noisy.log", noisy))
     assert verdict["category"] == "hang"  # a log that just stops, not a divergence
+
+
+def test_a_log_that_stops_after_a_python_warning_names_the_warning_not_its_source_echo(tmp_path):
+    # Lib/warnings.py prints "file:line: Category: message", then the source line it points at, indented.
+    log = write(
+        tmp_path,
+        "run.log",
+        [
+            "step 40 loss 2.113",
+            f"{SITE}/torch/profiler/profiler.py:224: UserWarning: Profiler clears events at the end of each cycle.",
+            "  _warn_once(",
+        ],
+    )
+    code, verdict = triage_json(log)
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.PROBLEM_FOUND, "hang", "low")
+    assert "stops after a warning" in verdict["summary"]
+    assert "UserWarning: Profiler clears events" in verdict["summary"]

@@ -78,7 +78,7 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     window = lines[-_INTERRUPT_WINDOW:]
     interrupt = next((item for item in reversed(window) if known.interrupted(item[1])), None)
     stacks = [s for s in stacks_in(lines) if _shows_a_stall(s, interrupt is not None)]
-    meaningful = [item for item in lines[-_INTERRUPT_WINDOW:] if not known.is_noise(item[1])]
+    meaningful = _meaningful(window, known)
     last = meaningful[-1] if meaningful else None
     # Teardown chatter may follow the sign of a finished job ("Destroy COMPLETE", then plugins closing).
     finished = any(known.finished_by(text) for _, text, _ in meaningful[-_FINISH_WINDOW:])
@@ -102,6 +102,19 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
         max(worlds) if worlds else None,
         diverged,
     )
+
+
+def _meaningful(lines: list[tuple[int, str, int | None]], known: StallKnowledge) -> list[tuple[int, str, int | None]]:
+    """The lines that say something about where a log stopped: no noise, and no source line that Python's
+    warnings module echoed, indented, under the warning it printed."""
+    kept = []
+    previous = None
+    for item in lines:
+        echo = previous is not None and previous[0] == item[0] - 1 and item[1][:1].isspace() and known.warns(previous[1])
+        if not echo and not known.is_noise(item[1]):
+            kept.append(item)
+        previous = item
+    return kept
 
 
 _LOSS_BASELINE = 3  # the first losses of a log whose median is the scale the others are measured against

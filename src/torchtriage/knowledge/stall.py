@@ -25,6 +25,7 @@ class StallKnowledge:
     loss: tuple[Any, ...] = ()
     loss_factor: float = 1000.0
     loss_at_least: float = 1000.0
+    warning: tuple[Any, ...] = ()
 
     def loss_in(self, text: str) -> float | None:
         """The loss a step line states, or None."""
@@ -58,6 +59,10 @@ class StallKnowledge:
     def is_noise(self, text: str) -> bool:
         return any(p.search(text) for p in self.noise)
 
+    def warns(self, text: str) -> bool:
+        """A warning of Python's warnings module, whose next, indented line echoes the source it points at."""
+        return any(p.search(text) for p in self.warning)
+
     def doing(self, text: str) -> str | None:
         """What a log's last line says the job was doing, or None."""
         return next((what for what, patterns in self.last_line if any(p.search(text) for p in patterns)), None)
@@ -80,11 +85,12 @@ def stall_knowledge() -> StallKnowledge:
             "informational": TABLE,
             "world_size": TABLE,
             "loss": TABLE,
+            "warning": TABLE,
             "last_line": TABLES,
         },
     )
     sections = {}
-    for name in ("interrupt", "finished", "noise", "failure", "informational", "world_size"):
+    for name in ("interrupt", "finished", "noise", "failure", "informational", "world_size", "warning"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
     loss_where = f"{STALL_FILE.name} [loss]"
@@ -105,4 +111,5 @@ def stall_knowledge() -> StallKnowledge:
         _patterns(loss, loss_where),
         float(loss["factor"]),
         float(loss["at_least"]),
+        sections["warning"],
     )

@@ -110,10 +110,86 @@ def _hits(buffer: bytes, end: int, prefilter, line_base: int) -> Iterator[tuple[
         stop = buffer.find(b"\n", match.end(), end)
         if stop == -1:
             stop = end
+        start, stop, message = _whole_message(buffer, start, stop, end, floor=pos)
         line_no += buffer.count(b"\n", counted_to, start)
         counted_to = start
-        yield line_no, buffer[start:stop]
+        yield line_no, message
         pos = stop + 1
+
+
+# --- One message over several lines under one tag ----------------------------------------------------
+# Some programs print one message over several lines, each under the same tag, cut mid-sentence: the
+# NVIDIA driver's "NVRM: API mismatch: the client has the version %s, but" / "NVRM: this kernel module
+# has the version %s.  Please" (kernel-open/nvidia/nv.c), under the kernel log's timestamps. A line
+# continues the one before only when both start alike up to the same tag (timestamps' digits aside),
+# the first stops mid-sentence and the second goes on in lower-case words: two records of an ordinary
+# log do not look like that, and a logger's records (INFO:, WARNING:) are never joined.
+
+_JOIN_MAX = 4  # lines of one message, at most
+# A tag at a line's start, behind a kernel log's timestamp or a syslog's "host kernel: " at most.
+_TAG_END = re.compile(rb"^(?:\[[^\]\n]{0,40}\] ?)?(?:[^:\n]{0,40}: )?([A-Za-z][\w.-]{1,15}): $")
+_LEVELS = frozenset(b"info warn warning error err debug trace notice critical fatal note".split())
+_GOES_ON = re.compile(rb"(?:[A-Za-z0-9,)]|\w \w+)$")
+_LOWER_WORDS = re.compile(rb"[a-z]+ [a-z]")
+
+
+def _tag_length(line: bytes, following: bytes) -> int:
+    """The length of the start both lines share up to a tag ("[  39.75] NVRM: "), or 0."""
+    a, b = line[:96].translate(_DIGITS), following[:96].translate(_DIGITS)
+    same = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        same += 1
+    cut = a.rfind(b": ", 0, same) + 2
+    if cut < 2:
+        return 0
+    tag = _TAG_END.match(a[:cut])
+    return cut if tag and tag.group(1).lower() not in _LEVELS else 0
+
+
+def _goes_on(line: bytes, following: bytes) -> int:
+    """Where `following`'s text starts if it is the rest of `line`'s message, else 0."""
+    line, following = line.rstrip(b"\r"), following.rstrip(b"\r")
+    cut = _tag_length(line, following)
+    if not cut:
+        return 0
+    body = line[cut:].rstrip()
+    if body.count(b" ") < 2 or not _GOES_ON.search(body):
+        return 0
+    return cut if _LOWER_WORDS.match(following, cut) else 0
+
+
+def _whole_message(buffer: bytes, start: int, stop: int, end: int, floor: int) -> tuple[int, int, bytes]:
+    """The message a hit line belongs to: (its first line's start, its last line's end, its text)."""
+    line = buffer[start:stop]
+    if b": " not in line[:96]:
+        return start, stop, line  # the fast path: no tag, nothing to join
+    parts = [line]
+    for _ in range(_JOIN_MAX - 1):  # back to the message's first line
+        if start <= floor or start < 2:
+            break
+        before = buffer.rfind(b"\n", 0, start - 1) + 1
+        if before < floor:
+            break
+        cut = _goes_on(buffer[before : start - 1], parts[0])
+        if not cut:
+            break
+        parts[0] = parts[0][cut:]
+        parts.insert(0, buffer[before : start - 1])
+        start = before
+    while len(parts) < _JOIN_MAX and stop < end:  # on to its last
+        after = buffer.find(b"\n", stop + 1, end)
+        after = end if after == -1 else after
+        following = buffer[stop + 1 : after]
+        cut = _goes_on(buffer[buffer.rfind(b"\n", 0, stop) + 1 : stop], following)
+        if not cut:
+            break
+        parts.append(following[cut:])
+        stop = after
+    if len(parts) == 1:
+        return start, stop, line
+    return start, stop, b" ".join(part.rstrip(b"\r").rstrip() if i < len(parts) - 1 else part for i, part in enumerate(parts))
 
 
 # --- Logs hard-wrapped at a fixed width --------------------------------------------------------------
