@@ -96,3 +96,28 @@ def test_a_line_cut_inside_a_phrase_at_a_words_end_still_reaches_its_rule():
     cut = "[Rank 12] Watchdog caught collective operation timeout:"
     assert [e for e in events_for(cut + "\n") if e.rule.id == "nccl.watchdog_timeout"]
     assert not [e for e in events_for("[Rank 12] Watchdog caught coll\n") if e.rule.id == "nccl.watchdog_timeout"]
+
+
+# Lines cut short after the part that already says what failed, written from the programs' formats:
+# every fact after it is optional, so each still reaches its rule, with fewer facts.
+CUT_AFTER_THE_DISTINCTIVE_PART = [
+    ("RuntimeError: NCCL Error 2: unhan", "nccl.legacy_error_code"),  # torch/csrc/cuda/nccl.cpp; nccl.h codes
+    ("OSError: [Errno 98] Addr", "rendezvous.python_port_in_use"),  # EADDRINUSE
+    ("OSError: [Errno 12] Cann", "host_oom.errno_enomem"),  # ENOMEM
+    ("Signal 11 (SIGSEGV) recei", "logs.fatal_signal"),  # elastic ProcessFailure
+    ("[gpu3:812 :0:812] Caught signal 7 (Bus er", "environment.sigbus"),  # ucs/debug/debug.c
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect [10.1.2.3]:4", "gloo.connect_failed"),
+    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:575] Read error [10.0.0.2]:5", "gloo.peer_connection_closed"),
+    ("Stalled ops: HorovodAllreduce_grad_dense_0 [miss", "hang.horovod_stall"),
+    ("Exception: Current loss scale already at minimum - can", "nan_inf.loss_scale_exhausted"),
+    ("NOTE: gradient overflow detected, ignoring gra", "nan_inf.loss_scale_overflow"),  # fairseq fp16_optimizer.py
+    ("IndexError: index 50257 is out of bounds fo", "usage.index_out_of_range"),
+    ("RuntimeError: CUDA error: no kernel image is available for execution on th", "environment.gpu_arch_unsupported"),
+    ("RuntimeError: CUDA error: an illegal instruction was enc", "gpu_fault.illegal_instruction"),
+    ("[Rank 2] Some NCCL operations have failed or timed out. Due to the asyn", "nccl.ops_failed_teardown"),
+]
+
+
+@pytest.mark.parametrize(("line", "rule_id"), CUT_AFTER_THE_DISTINCTIVE_PART, ids=[r for _, r in CUT_AFTER_THE_DISTINCTIVE_PART])
+def test_a_line_cut_after_its_distinctive_part_reaches_its_rule(line, rule_id):
+    assert rule_id in {e.rule.id for e in events_for(f"[rank3]:{line}\n")}

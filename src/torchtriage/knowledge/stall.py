@@ -19,7 +19,6 @@ class StallKnowledge:
     finished: tuple[Any, ...]
     noise: tuple[Any, ...]
     failure: tuple[Any, ...]
-    informational: tuple[Any, ...]
     world_size: tuple[Any, ...]
     last_line: tuple[tuple[str, tuple[Any, ...]], ...]  # (what the job was doing, patterns)
     loss: tuple[Any, ...] = ()
@@ -45,8 +44,8 @@ class StallKnowledge:
         return any(p.search(text) for p in self.finished)
 
     def shows_failure(self, text: str) -> bool:
-        """A line that looks like a failure, and was not logged at INFO level."""
-        return any(p.search(text) for p in self.failure) and not any(p.search(text) for p in self.informational)
+        """A line that looks like a failure (its level, read with the line, is the caller's to weigh)."""
+        return any(p.search(text) for p in self.failure)
 
     def world_size_in(self, text: str) -> int | None:
         """The size of the world a line states, or None."""
@@ -82,7 +81,6 @@ def stall_knowledge() -> StallKnowledge:
             "finished": TABLE,
             "noise": TABLE,
             "failure": TABLE,
-            "informational": TABLE,
             "world_size": TABLE,
             "loss": TABLE,
             "warning": TABLE,
@@ -90,7 +88,7 @@ def stall_knowledge() -> StallKnowledge:
         },
     )
     sections = {}
-    for name in ("interrupt", "finished", "noise", "failure", "informational", "world_size", "warning"):
+    for name in ("interrupt", "finished", "noise", "failure", "world_size", "warning"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
     loss_where = f"{STALL_FILE.name} [loss]"
@@ -105,7 +103,6 @@ def stall_knowledge() -> StallKnowledge:
         sections["finished"],
         sections["noise"],
         sections["failure"],
-        sections["informational"],
         sections["world_size"],
         tuple(last),
         _patterns(loss, loss_where),

@@ -129,9 +129,10 @@ _REPORT_EXIT = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
 _REPORT_TIME = re.compile(r"(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)_(?P<hms>\d\d:\d\d:\d\d)")
 
 
-# Python logging's default format ("INFO:torch.distributed...:") and the bracketed levels of DeepSpeed,
-# transformers and loguru ("[INFO]", "| INFO |").
-_LEVEL = re.compile(r"^(?:\[?(INFO|DEBUG)\]?[:\s]|.{0,40}?[\[|] ?(INFO|DEBUG) ?[\]|])")
+# Python logging's default format ("INFO:torch.distributed...:"), the bracketed levels of DeepSpeed,
+# transformers and loguru ("[INFO]", "| INFO |") and NCCL's "host:pid:tid [dev] NCCL INFO ..." (NCCL
+# reports at INFO what it probes and does without: "NCCL INFO dlvsym failed on ...").
+_LEVEL = re.compile(r"^(?:\[?(INFO|DEBUG)\]?[:\s]|.{0,40}?[\[|] ?(INFO|DEBUG) ?[\]|]|.{0,120}?\bNCCL INFO\b)")
 
 
 def _level(text: str) -> str | None:
