@@ -19,9 +19,9 @@ HANG = ROOT / "tests" / "jobs" / "hang.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
-def torchrun_command(ranks: int = 2) -> list[str]:
+def torchrun_command(ranks: int = 2, script: Path = HANG) -> list[str]:
     # --standalone: a free rendezvous port, so concurrent jobs on this machine never collide.
-    return [str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(HANG)]
+    return [str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(script)]
 
 
 def job_environment(mode: str = "skip", culprit: int = 1) -> dict[str, str]:
@@ -29,9 +29,9 @@ def job_environment(mode: str = "skip", culprit: int = 1) -> dict[str, str]:
 
 
 class HungJob:
-    def __init__(self, mode="skip", culprit=1, ranks=2, prefix=(), env=None, ready_timeout=180):
+    def __init__(self, mode="skip", culprit=1, ranks=2, prefix=(), env=None, ready_timeout=180, script=HANG):
         self.proc = subprocess.Popen(
-            [*prefix, *torchrun_command(ranks)],
+            [*prefix, *torchrun_command(ranks, script)],
             env={**job_environment(mode, culprit), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -82,7 +82,7 @@ def test_h200_op_mismatch_all_gather_vs_all_reduce_decided_by_call_site_history(
         ("skip_rank0_4r", [0], "fr.not_joined", 4, "majority"),
         ("size_json_4r", [2], "fr.size_mismatch", 4, "majority"),
         ("dtype_json_4r", [1], "fr.dtype_mismatch", 4, "majority"),
-        ("subgroup_4r", [3], "fr.not_joined", 3, "majority"),
+        ("subgroup_4r", [3], "fr.deadlock", 4, "its peers' program order and its own"),
     ],
 )
 def test_gloo_recordings(case, culprit, kind, seq, decided_by):
@@ -96,10 +96,16 @@ def test_gloo_recordings(case, culprit, kind, seq, decided_by):
 
 
 def test_gloo_subgroup_skip_blames_the_member_not_the_ranks_blocked_in_the_subgroup():
+    # Rank 3 skipped the subgroup's seq 3 and went on to the world's seq 4: ranks 1-2 wait for it in the
+    # subgroup, it waits for them in the world, rank 0 waits in the world behind them.
     _, verdict = fr_json(FR / "subgroup_4r")
-    assert verdict["facts"]["pg"] == "1" and verdict["facts"]["pg_size"] == 3
-    world = [f for f in verdict["findings"] if f["role"] == "collateral"]
-    assert world and world[0]["ranks"] == [1, 2]  # they never reached world seq 4: stuck in the subgroup
+    assert verdict["facts"]["cycle"] == [1, 2, 3]
+    assert verdict["facts"]["peers_wait_in"] == {"pg": "1", "group": "pg 1", "seq": 3, "op": "all_reduce"}
+    assert verdict["facts"]["pg"] == "0" and verdict["facts"]["pg_size"] == 4
+    assert verdict["facts"]["waits_for"]["0"] == "ranks 1-2"
+    world = [f for f in verdict["findings"] if f["role"] == "collateral" and "seq 4 of default_pg" in f["message"]]
+    assert world and "ranks 1-2: never enqueued it" in world[0]["message"]  # stuck in the subgroup
+    assert "departed" not in world[0]["message"]
 
 
 def test_text_report_names_culprit_and_line():

@@ -54,7 +54,12 @@ def test_recorded_hangs_name_the_culprit_and_its_line(case, form):
     frame = verdict.facts["user_frame"]
     assert (frame["function"], frame["line"], frame["rank"]) == (function, line, culprits[0])
     assert frame["file"].endswith("hang.py")
-    assert verdict.confidence == ("high" if len(analysis.positions) == 4 else "medium")
+    if case.startswith("subgroup"):
+        # One collective from two lines may be two process groups: the majority could be waiting for the
+        # minority's peers in another group, so the stacks alone only guess.
+        assert verdict.confidence == "low"
+    else:
+        assert verdict.confidence == ("high" if len(analysis.positions) == 4 else "medium")
     # Every healthy rank waits in the peers' all_reduce at hang.py:63.
     for rank, position in analysis.positions.items():
         if rank not in culprits:

@@ -23,6 +23,7 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from torchtriage.analysis import wait_for
 from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import describe
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
@@ -108,6 +109,12 @@ def _group_key(dump: RankDump, name: str) -> tuple[str, str | None]:
 
 
 def _status_enqueued(dump: RankDump, name: str) -> int:
+    """How far a rank got in a group by its `pg_status` counter: only where its entries of the group are
+    gone (an onlyActive dump). Beside entries it misleads: gloo counts every op there, p2p included, and
+    NCCL overwrites it with the sequence number of a p2p op (a batch_isend_irecv's)."""
+    track = dump.tracks.get(name)
+    if track is not None and track.seqs:
+        return -1
     pg_id = dump.pg_ids.get(name, name)
     status = dump.pg_status.get(pg_id)
     return status[0] if status else -1
@@ -703,20 +710,34 @@ def assess_dumps(load: LoadResult) -> Assessment:
     disagreements, missing_by_group = _disagreements(groups, dumps, signatures)
     all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
     primary, collateral = _causes_and_collateral(disagreements, dumps)
+    graph, programs = _wait_for(load, groups, dumps)
+    per_group = sorted({r for d in primary if d.culprits and d.kind != "state_mismatch" for r in d.culprits})
+    # Per group, the majority can be the victims of a rank that waits in another group: where the graph
+    # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
+    # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
+    graph_leads = graph.kind == "cycle" or (graph.kind == "sink" and sorted(graph.culprits) != per_group)
+    if graph_leads:
+        primary, collateral = [], primary + collateral
+        for d in collateral:  # what a group's majority said is superseded: no side of it departed
+            d.culprits, d.decided_by = [], "the wait-for graph"
     findings = [
         _finding(d, "primary" if d.culprits and d.kind != "state_mismatch" else "symptom", dumps, signatures)
         for d in primary
     ] + [_finding(d, "collateral", dumps, signatures) for d in collateral]
 
     lead = primary[0] if primary else None
-    culprits = sorted({r for d in primary if d.culprits and d.kind != "state_mismatch" for r in d.culprits})
+    culprits = per_group
     confidence = "low"
     if lead is not None and culprits:
         confidence = {"majority": "high", "sizes": "high"}.get(lead.decided_by, "medium")
     if lead is not None and lead.kind == "state_mismatch" and not culprits:
         culprits = list(lead.culprits)
+    if graph_leads:
+        findings.insert(0, _graph_finding(graph, programs, groups, dumps))
+        culprits = list(graph.culprits)
+        confidence = _GRAPH_CONFIDENCE.get(graph.decided_by, "medium") if culprits else "low"
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
-    if not culprits and all_missing and compared and _present_ranks_wait(groups, dumps):
+    if not culprits and not graph_leads and all_missing and compared and _present_ranks_wait(groups, dumps):
         findings.append(_missing_dump(all_missing))
         culprits, confidence = all_missing, "low"
 
@@ -724,11 +745,13 @@ def assess_dumps(load: LoadResult) -> Assessment:
     category = "nccl_timeout" if timed_out else "hang"
     for finding in findings:
         finding.category = category
-    facts = _load_facts(load, groups, all_missing, timed_out)
+    facts = _load_facts(load, groups, all_missing, timed_out) | wait_for.facts(graph)
     where = rank_positions(load)
     facts["position_by_rank"] = {str(rank): describe(p) for rank, p in list(where.items())[:64]}
     blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
-    if lead is not None:
+    if graph_leads:
+        facts |= _graph_facts(graph, programs, groups, dumps, findings[0])
+    elif lead is not None:
         facts.update(_lead_facts(lead, dumps, signatures))
         where = _culprit_site(lead, dumps) if culprits else None
         if where is not None:
@@ -741,7 +764,10 @@ def assess_dumps(load: LoadResult) -> Assessment:
             blaming.blames = True
             if where is not None:
                 blaming.facts["site"] = str(where[1])
-    summary = _summary(lead, culprits, findings, load) if findings or compared else _cannot_compare(load, groups, dumps)
+    if graph_leads:
+        summary = findings[0].message
+    else:
+        summary = _summary(lead, culprits, findings, load) if findings or compared else _cannot_compare(load, groups, dumps)
     sources = [d.path for d in load.dumps]
     return Assessment(
         source="flight_recorder",
@@ -797,6 +823,60 @@ def _cannot_compare(load: LoadResult, groups: dict, dumps: dict[int, RankDump]) 
         "members of its groups, are missing. A collective is judged across the ranks of its group: give every "
         "rank's dump"
     )
+
+
+_GRAPH_CONFIDENCE = {
+    "sink": "high",
+    "its peers' program order and its own": "high",
+    "its peers' program order": "medium",
+    "its own program order, its peers keeping theirs": "high",
+    "its own program order": "medium",
+}
+
+
+def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
+    programs = wait_for.programs_of(load)
+
+    def members_of(rank: int, name: str) -> tuple[int, ...]:
+        group = groups.get(_group_key(dumps[rank], name))
+        return group.members if group is not None else ()
+
+    return wait_for.decide(wait_for.wait_for_graph(programs, members_of), programs), programs
+
+
+def _graph_finding(graph, programs, groups: dict, dumps: dict[int, RankDump]) -> Finding:
+    def label_of(rank: int, name: str) -> str:
+        group = groups.get(_group_key(dumps[rank], name))
+        return group.label if group is not None else f"pg {name}"
+
+    return wait_for.finding(graph, programs, label_of, lambda rank: dumps[rank].path)
+
+
+def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead: Finding) -> dict:
+    """The graph's verdict for JSON readers: the op the culprit issued (`pg`, `seq`, its frame), and the op
+    its peers wait in for it (`peers_wait_in`)."""
+    facts: dict = {"decided_by": graph.decided_by}
+    for key in ("seq", "group", "candidates"):
+        if key in lead.facts:
+            facts[key] = lead.facts[key]
+    if not graph.culprits:
+        return facts
+    culprit = graph.culprits[0]
+    issued = graph.departure.get("issued")
+    if issued is None and graph.kind == "sink" and programs[culprit].ops:
+        issued = programs[culprit].ops[-1]
+    if issued is not None:
+        group = groups.get(_group_key(dumps[culprit], issued.group))
+        facts |= {"pg": issued.group, "pg_size": len(group.members) if group else None, "seq_kind": "collective_seq_id"}
+        if issued.frame is not None:
+            facts["user_frame" if graph.kind == "cycle" else "last_call_site"] = issued.frame.to_fact(culprit)
+    for rank, targets in sorted(graph.edges.items()):
+        waiting = programs[rank].waiting
+        if culprit in targets and waiting is not None:
+            group = groups.get(_group_key(dumps[rank], waiting.group))
+            facts["peers_wait_in"] = {"pg": waiting.group, "group": group.label if group else waiting.group, "seq": waiting.seq, "op": waiting.op}
+            break
+    return facts
 
 
 _DECISION_STRENGTH = {"sizes": 4, "majority": 3, "call-site history": 2, "stopped issuing": 1}

@@ -83,7 +83,11 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
     comparable = {name: a for name, a in present.items() if a is lead or name in HANG_SOURCES}
     named = {name: a.culprits for name, a in comparable.items() if a.culprits}
     agree = [name for name, ranks in named.items() if ranks == culprits]
-    disagree = {name: ranks for name, ranks in named.items() if ranks != culprits}
+    # A source that names more ranks, the lead's among them, only says less: the stacks of two ranks in two
+    # groups' collectives cannot tell which departed, the flight recorder's order can.
+    # A source that only guesses (low confidence) is said to differ, and lowers nothing.
+    disagree = {name: ranks for name, ranks in named.items() if not set(culprits) <= set(ranks)}
+    guessing = {name for name in disagree if comparable[name].confidence == Confidence.LOW and name != lead_name}
     category = lead.category if lead.category not in (Category.UNKNOWN, Category.OK) else Category.HANG
     findings = []
     if culprits and len(agree) > 1:
@@ -108,7 +112,7 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
                 category,
             )
         )
-    return findings, bool(culprits) and len(agree) > 1, bool(disagree)
+    return findings, bool(culprits) and len(agree) > 1, bool(set(disagree) - guessing)
 
 
 def _action_order(lead: Assessment, others: list[Assessment]) -> list[Finding]:

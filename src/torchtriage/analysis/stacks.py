@@ -141,6 +141,11 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
         if largest > runner_up and largest >= 2:
             culprits = sorted(r for g in waiting[1:] for r in g.ranks)
             confidence = "high" if largest > len(found) / 2 else "medium"
+            if len({g.position.op for g in waiting}) == 1:
+                # One collective from two lines is often two process groups: the majority may be the ranks
+                # that wait in the world group for the minority, which waits in its subgroup for a rank
+                # that never came. Without the groups, the stacks can only guess.
+                confidence = "low"
             findings.append(_disagreement(waiting, decided=True, culprits=culprits))
         else:
             findings.append(_disagreement(waiting, decided=False))

@@ -347,6 +347,32 @@ def _pg_status(data: dict) -> dict[str, tuple[int, int, int]]:
     }
 
 
+def _is_p2p_entry(entry) -> bool:
+    flag = entry.get("is_p2p")
+    return bool(flag) if flag is not None else _split_name(str(entry.get("profiling_name", "")))[1].split(" ", 1)[0] in _P2P_OPS
+
+
+def _without_p2p_markers(track: Track, entries: list) -> Track:
+    """The track less the `coalesced` markers that end a batch of sends and recvs: NCCL records the marker
+    with `is_p2p` False and the collective sequence number of the collective before the batch, so read as a
+    collective it would merge with that collective and tell its ranks apart from those that ran no batch."""
+    keep = [
+        i
+        for i, index in enumerate(track.indices)
+        if not (
+            index > 0
+            and _split_name(str(entries[index].get("profiling_name", "")))[1] == "coalesced"
+            and _is_p2p_entry(entries[index - 1])
+        )
+    ]
+    if len(keep) == len(track.indices):
+        return track
+    kept = Track()
+    for name in ("seqs", "keys", "states", "sites", "indices"):
+        setattr(kept, name, [getattr(track, name)[i] for i in keep])
+    return kept
+
+
 def _finish_tracks(tracks: dict[str, Track], entries: list, signatures: dict[str, Signature]) -> None:
     """Drop empty tracks, merge coalesced ops, and note each all_to_all's own totals."""
     has_all_to_all = any(key.startswith(_ALL_TO_ALL) for key in signatures)
@@ -356,8 +382,12 @@ def _finish_tracks(tracks: dict[str, Track], entries: list, signatures: dict[str
             del tracks[pg]
             continue
         if len(set(track.seqs)) != len(track.seqs):
+            track = _without_p2p_markers(track, entries)
             tracks[pg] = _merge_coalesced(track, entries, signatures)
             track = tracks[pg]
+            if not track.seqs:
+                del tracks[pg]
+                continue
         if not has_all_to_all:
             continue
         for i, key in enumerate(track.keys):

@@ -1,0 +1,418 @@
+"""Who waits for whom: the wait-for graph of a hang that crosses process groups.
+
+Per rank, from its flight-recorder entries: its program (every collective it issued, in record order,
+across all its groups) and the one it waits in. An edge runs from each waiting rank to each member of
+that op's group that has not issued it. Then:
+
+- a rank that others wait for and that waits in no collective (a sink) is the culprit;
+- where the chains end in a cycle instead — ranks waiting in one group for peers that wait in another
+  group for them — the job deadlocked, and the culprit is the rank whose program departs first: from
+  what its peers issued after the last op they all share (a strict majority), or from what it issued
+  itself after the same op in earlier steps. Neither deciding, the cycle's ranks are the candidates:
+  never the ranks that merely wait on them, whom a majority rule per group would blame.
+
+Pure: takes the loaded dumps and their groups, returns a `WaitFor`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from torchtriage.model import Evidence, Finding
+from torchtriage.ranks import format_ranks
+from torchtriage.sources.flight_recorder import LoadResult, RankDump
+
+_STATELESS = ("scheduled", "")  # gloo records every entry as scheduled: its states say nothing
+
+
+@dataclass(frozen=True)
+class IssuedOp:
+    group: str  # the process group's name
+    seq: int  # its collective_seq_id in that group
+    op: str
+    site: str | None  # the user's call site, "file:line in function"
+    index: int  # position in the rank's dump
+    frame: Any = field(default=None, compare=False)  # the call site's Frame
+
+    @property
+    def identity(self) -> tuple[str, str, str | None]:
+        """What makes two ops the same step of a program: group, op and call site (never the seq)."""
+        return (self.group, self.op, self.site)
+
+    def describe(self, label: str) -> str:
+        where = f", called at {self.site}" if self.site else ""
+        return f"{self.op} seq {self.seq} of {label}{where}"
+
+
+@dataclass
+class Program:
+    rank: int
+    ops: list[IssuedOp]
+    waiting: IssuedOp | None  # the collective it waits in; None: in none (computing, elsewhere, finished)
+    reach: dict[str, int | None]  # group name -> the last seq it issued there (None: not known)
+
+
+@dataclass
+class WaitFor:
+    edges: dict[int, set[int]]  # rank -> the ranks it waits for
+    unknown: dict[int, set[int]]  # rank -> members of its group with no dump (they may be the ones)
+    kind: str | None = None  # "sink" | "cycle" | None (nothing a graph can decide: every member joined)
+    culprits: list[int] = field(default_factory=list)
+    candidates: list[int] = field(default_factory=list)
+    cycle: list[int] = field(default_factory=list)
+    decided_by: str = ""  # "sink" | "its peers' program order" | "its own program order" | "undecided"
+    departure: dict = field(default_factory=dict)  # what the culprit issued, what it was expected to
+
+
+# ---------------------------------------------------------------------------------------------- programs
+
+
+def _site(frame) -> str | None:
+    return f"{frame.short_file or frame.file}:{frame.line} in {frame.function}" if frame is not None else None
+
+
+def _program_ops(dump: RankDump) -> list[IssuedOp]:
+    ops = []
+    for name, track in dump.tracks.items():
+        for seq, key, site, index in zip(track.seqs, track.keys, track.sites, track.indices, strict=True):
+            signature = dump.signatures.get(key)
+            ops.append(IssuedOp(name, seq, signature.op if signature else "?", _site(site), index, site))
+    ops.sort(key=lambda op: op.index)
+    return ops
+
+
+def _status(dump: RankDump, name: str) -> tuple[int, int, int] | None:
+    return dump.pg_status.get(dump.pg_ids.get(name, name))
+
+
+def _reach(dump: RankDump, name: str) -> int | None:
+    """The last seq this rank issued in group `name`, or None when its dump cannot say.
+
+    The entries say it. `pg_status.last_enqueued_collective` misleads beside them (gloo counts every op
+    there, p2p included, and NCCL overwrites it with a p2p op's own sequence number): it is read only
+    where no entry of the group is left."""
+    track = dump.tracks.get(name)
+    if track is not None and track.seqs:
+        return track.seqs[-1]
+    status = _status(dump, name)
+    if status is not None and status[0] >= 0:
+        return status[0]  # no entry of the group left (an onlyActive dump): the counter is all there is
+    if dump.first_record_id:
+        return None  # its ring buffer wrapped past every op of the group
+    return 0
+
+
+def _waiting(dump: RankDump, ops: list[IssuedOp]) -> IssuedOp | None:
+    if not ops:
+        return None
+    states = {index: state for track in dump.tracks.values() for index, state in zip(track.indices, track.states, strict=True)}
+    if any(state not in _STATELESS for state in states.values()):
+        # A backend that records states (NCCL): the first op that has not completed holds the rank.
+        return next((op for op in ops if states.get(op.index) != "completed"), None)
+    # Gloo: the groups whose pg_status counts more ops enqueued than completed have one in flight.
+    statuses = {op.group: _status(dump, op.group) for op in ops}
+    if all(status is None for status in statuses.values()):
+        return ops[-1]  # no counters at all: a rank's last op is taken to be where it waits
+    in_flight = {group for group, status in statuses.items() if status is not None and status[2] < status[0]}
+    return next((op for op in reversed(ops) if op.group in in_flight), None)
+
+
+def programs_of(load: LoadResult) -> dict[int, Program]:
+    found = {}
+    for dump in load.dumps:
+        ops = _program_ops(dump)
+        found[dump.rank] = Program(dump.rank, ops, _waiting(dump, ops), {name: _reach(dump, name) for name in dump.tracks})
+    return found
+
+
+# ------------------------------------------------------------------------------------------------- graph
+
+
+def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
+    """`members_of(rank, group name)`: the global ranks of that rank's group of that name."""
+
+    def missing(rank: int, op: IssuedOp) -> tuple[set[int], set[int]]:
+        """The members of op's group that never issued it, and those whose dumps cannot say."""
+        absent, unknown = set(), set()
+        for member in members_of(rank, op.group):
+            if member == rank:
+                continue
+            other = programs.get(member)
+            reach = other.reach.get(op.group, 0) if other is not None else None
+            if reach is None:
+                unknown.add(member)
+            elif reach < op.seq:
+                absent.add(member)
+        return absent, unknown
+
+    edges: dict[int, set[int]] = {rank: set() for rank in programs}
+    unknowns: dict[int, set[int]] = {rank: set() for rank in programs}
+    for rank, program in programs.items():
+        if program.waiting is None and program.ops and missing(rank, program.ops[-1])[0]:
+            # A collective cannot have completed while a member never issued it: the rank waited in it
+            # until it timed out or failed (gloo then counts it completed), and dumped afterwards.
+            program.waiting = program.ops[-1]
+        if program.waiting is not None:
+            edges[rank], unknowns[rank] = missing(rank, program.waiting)
+    return WaitFor(edges, unknowns)
+
+
+def _strongly_connected(edges: dict[int, set[int]]) -> list[list[int]]:
+    """Tarjan's components, iteratively (thousands of ranks must not exhaust the stack)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    on_stack: set[int] = set()
+    stack: list[int] = []
+    components: list[list[int]] = []
+    counter = 0
+    for root in sorted(edges):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(edges[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in edges:
+                    continue
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(edges[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                components.append(sorted(component))
+    return components
+
+
+def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
+    """The sink the waits end in, or the cycle they end in and the rank that departed first."""
+    waited = {member for targets in graph.edges.values() for member in targets}
+    if not waited:
+        return graph
+    sinks = sorted(m for m in waited if programs[m].waiting is None)
+    if sinks:
+        graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
+        return graph
+    cycles = [
+        component
+        for component in _strongly_connected(graph.edges)
+        if len(component) > 1 and all(graph.edges[r] <= set(component) for r in component)
+    ]
+    if not cycles:
+        return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
+    cycle = max(cycles, key=len)
+    graph.kind, graph.cycle = "cycle", cycle
+    culprits, decided_by, departure = _first_departure(cycle, programs)
+    graph.culprits, graph.decided_by, graph.departure = culprits, decided_by, departure
+    if not culprits:
+        graph.candidates = cycle
+    return graph
+
+
+# -------------------------------------------------------------------------------------------- departure
+
+
+def _upto_waiting(program: Program) -> list[IssuedOp]:
+    ops = program.ops
+    if program.waiting is None:
+        return ops
+    return ops[: ops.index(program.waiting) + 1]
+
+
+def _after_last_shared(cycle: list[int], programs: dict[int, Program]) -> tuple[tuple[str, int] | None, dict[int, IssuedOp | None]]:
+    """The last op every rank of the cycle issued (group and seq), and each rank's op after it."""
+    issued = {rank: _upto_waiting(programs[rank]) for rank in cycle}
+    shared = set.intersection(*({(op.group, op.seq) for op in ops} for ops in issued.values()))
+    if not shared:
+        return None, {}
+    first = issued[cycle[0]]
+    anchor = max(shared, key=lambda key: next(i for i, op in enumerate(first) if (op.group, op.seq) == key))
+    following = {}
+    for rank, ops in issued.items():
+        at = next(i for i, op in enumerate(ops) if (op.group, op.seq) == anchor)
+        following[rank] = ops[at + 1] if at + 1 < len(ops) else None
+    return anchor, following
+
+
+def _departs_from_its_history(program: Program, since: int) -> tuple[IssuedOp, set] | None:
+    """The first op after position `since` that no earlier step of this rank had after the same op:
+    (that op, what followed the same op before), or None when its program repeats itself."""
+    ops = _upto_waiting(program)
+    for at in range(max(1, since + 1), len(ops)):
+        before = ops[at - 1].identity
+        followers = {ops[j + 1].identity for j in range(at - 1) if ops[j].identity == before}
+        if followers and ops[at].identity not in followers:
+            return ops[at], followers
+    return None
+
+
+def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[list[int], str, dict]:
+    anchor, following = _after_last_shared(cycle, programs)
+    by_peers: list[int] = []
+    detail: dict = {}
+    if anchor is not None:
+        tally = Counter(op.identity if op else None for op in following.values())
+        (usual, count), *rest = tally.most_common()
+        if rest and count * 2 > len(cycle):
+            by_peers = sorted(r for r, op in following.items() if (op.identity if op else None) != usual)
+            expected = next(op for op in following.values() if op is not None and op.identity == usual)
+            detail = {"after": {"group": anchor[0], "seq": anchor[1]}, "peers_issued": expected}
+    own: dict[int, tuple[IssuedOp, set]] = {}
+    kept: set[int] = set()  # ranks whose program shows the order of earlier steps and keeps it
+    for rank in cycle:
+        program = programs[rank]
+        since = -1
+        if anchor is not None:
+            since = next(i for i, op in enumerate(program.ops) if (op.group, op.seq) == anchor)
+        found = _departs_from_its_history(program, since)
+        if found is not None:
+            own[rank] = found
+        elif _repeats_itself(program, since):
+            kept.add(rank)
+    by_history = sorted(own) if len(own) < len(cycle) else []
+    if by_peers and (not by_history or by_history == by_peers):
+        decided = "its peers' program order" + (" and its own" if by_history else "")
+        return by_peers, decided, detail | _issued(by_peers, following, own)
+    if by_history and not by_peers:
+        # Every other rank of the cycle kept the order of its earlier steps: the break is this rank's alone.
+        decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
+        return by_history, decided, _issued(by_history, following, own)
+    return [], "undecided", {}
+
+
+def _repeats_itself(program: Program, since: int) -> bool:
+    """Whether the ops after position `since` each follow their predecessor as in an earlier step."""
+    ops = _upto_waiting(program)
+    after = range(max(1, since + 1), len(ops))
+    return bool(after) and all(
+        any(ops[j].identity == ops[at - 1].identity and ops[j + 1].identity == ops[at].identity for j in range(at - 1))
+        for at in after
+    )
+
+
+def _issued(culprits: list[int], following: dict[int, IssuedOp | None], own: dict[int, tuple[IssuedOp, set]]) -> dict:
+    rank = culprits[0]
+    facts: dict = {"rank": rank}
+    if rank in own:
+        op, usual = own[rank]
+        facts["issued"] = op
+        facts["usually_next"] = sorted(usual, key=str)
+    elif following.get(rank) is not None:
+        facts["issued"] = following[rank]
+    return facts
+
+
+# ----------------------------------------------------------------------------------------------- finding
+
+_MAX_EVIDENCE = 6
+
+
+def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[int]) -> str:
+    """'ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2; ...', one clause per place."""
+    by_place: dict[tuple, list[int]] = {}
+    for rank in ranks:
+        op = programs[rank].waiting
+        if op is not None:
+            by_place.setdefault((op.group, op.seq, op.op, tuple(sorted(graph.edges[rank]))), []).append(rank)
+    clauses = []
+    for (group, seq, op, targets), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
+        verb = "waits" if len(waiting) == 1 else "wait"
+        clauses.append(f"{format_ranks(waiting)} {verb} in {op} seq {seq} of {label_of(waiting[0], group)} for {format_ranks(list(targets))}")
+    return "; ".join(clauses)
+
+
+def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> Finding:
+    """The graph's verdict as the finding that leads: who departed, with the ops that show it.
+
+    `label_of(rank, group name)` names a group for people; `path_of(rank)` is the rank's dump."""
+    waiting = sorted(r for r, targets in graph.edges.items() if targets)
+    culprits = graph.culprits
+    facts: dict = {"decided_by": graph.decided_by}
+    if graph.kind == "sink":
+        who = "waits" if len(culprits) == 1 else "wait"
+        last = [programs[r].ops[-1] for r in culprits if programs[r].ops]
+        since = f" (its last op: {last[0].describe(label_of(culprits[0], last[0].group))})" if last else ""
+        message = (
+            f"{format_ranks(culprits)} {who} in no collective{since} while the others wait for it: "
+            f"{_waits(graph, programs, label_of, waiting)}"
+        )
+        kind, evidence_ranks = "fr.not_joined", culprits
+        if last:
+            facts |= {"seq": last[0].seq + 1, "group": label_of(culprits[0], last[0].group)}
+            if last[0].site:
+                facts["site"] = last[0].site
+    else:
+        kind, evidence_ranks = "fr.deadlock", graph.cycle
+        cycle = _waits(graph, programs, label_of, graph.cycle)
+        if culprits:
+            departure = graph.departure
+            issued: IssuedOp | None = departure.get("issued")
+            peers: IssuedOp | None = departure.get("peers_issued")
+            said = []
+            if issued is not None:
+                said.append(f"it issued {issued.describe(label_of(culprits[0], issued.group))}")
+                facts |= {"seq": issued.seq, "group": label_of(culprits[0], issued.group)}
+                if issued.site:
+                    facts["site"] = issued.site
+            if peers is not None:
+                said.append(f"where its peers issued {peers.describe(label_of(culprits[0], peers.group))}")
+            elif departure.get("usually_next"):
+                group, op, site = departure["usually_next"][0]
+                said.append(f"where its earlier steps issued {op} of {label_of(culprits[0], group)}" + (f" at {site}" if site else ""))
+            message = (
+                f"deadlock across process groups: {cycle} — {format_ranks(culprits)} departed first "
+                f"({graph.decided_by}): {' '.join(said)}"
+            )
+        else:
+            message = (
+                f"deadlock across process groups: {cycle} — the programs of {format_ranks(graph.cycle)} do not tell "
+                "which departed first: they are the candidates"
+            )
+            facts["undecided"] = True
+            facts["candidates"] = graph.cycle
+        facts["cycle"] = graph.cycle
+    victims = sorted(set(waiting) - set(graph.cycle) - set(culprits))
+    if victims and graph.kind == "cycle":
+        message += f"; behind them, {_waits(graph, programs, label_of, victims)}"
+    if victims:
+        facts["waiting_on_it"] = format_ranks(victims)
+    evidence = []
+    for rank in [*culprits, *(r for r in evidence_ranks if r not in culprits)][:_MAX_EVIDENCE]:
+        program = programs[rank]
+        op = program.waiting or (program.ops[-1] if program.ops else None)
+        if op is None:
+            continue
+        state = "waits in" if program.waiting is not None else "in no collective; its last op was"
+        targets = f", for {format_ranks(sorted(graph.edges[rank]))}" if graph.edges[rank] else ""
+        evidence.append(
+            Evidence("flight_recorder", path_of(rank), op.index, rank, f"{state} {op.describe(label_of(rank, op.group))}{targets}")
+        )
+    blamed = culprits or graph.candidates
+    return Finding(kind, blamed, message, "primary", "hang", evidence, facts, blames=bool(culprits))
+
+
+def facts(graph: WaitFor) -> dict:
+    """The graph itself, for JSON readers: who waits for whom (at most 64 ranks)."""
+    shown = {str(rank): format_ranks(sorted(targets)) for rank, targets in sorted(graph.edges.items()) if targets}
+    return {"waits_for": dict(list(shown.items())[:64])} | ({"cycle": graph.cycle} if graph.cycle else {})

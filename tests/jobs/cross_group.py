@@ -1,0 +1,120 @@
+"""Job: a hang that crosses process groups, the way 3D-parallel jobs hang, until it is killed.
+
+    CASE=<case> CULPRIT=<rank> [GROUP_SIZE=<n>] torchrun --nproc_per_node N tests/jobs/cross_group.py
+
+The world is cut into subgroups of GROUP_SIZE consecutive ranks (default: half the world), made with
+`dist.new_group` by every rank. Each training step all_reduces the gradients in the rank's subgroup
+(`sync_subgroup`, a data-parallel group) and then the loss on the world group (`sync_world`). After
+WARMUP_STEPS healthy steps every rank prints `READY rank=<r> pid=<pid>` and runs one more step, in which
+the culprit departs as CASE says:
+
+    world_for_subgroup   it all_reduces on the world group where its subgroup peers use the subgroup
+    opposite_order       it calls the world all_reduce before the subgroup one (its peers the reverse)
+    subgroup_barrier     it enters a barrier on its subgroup (`wait_for_subgroup`) where its peers
+                         call the world all_reduce
+    early_exit           it leaves the loop and waits in the world barrier of the end of training
+
+No rank is then simply missing from a collective the others wait in: the culprit waits in one group for
+peers that wait in another group for it (a cycle), and the other subgroups wait in the world all_reduce
+for the culprit's peers, which a majority rule per group would blame. The process-group timeout is 600 s, so the job hangs until it is killed; a worker
+whose agent is gone exits within a second.
+"""
+
+import os
+import sys
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+WARMUP_STEPS = 3
+SIZE = 1024
+CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit")
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def exit_when_orphaned() -> None:
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-guard", daemon=True).start()
+
+
+def sync_subgroup(grads: torch.Tensor, subgroup) -> None:
+    dist.all_reduce(grads, group=subgroup)
+
+
+def sync_world(loss: torch.Tensor) -> None:
+    dist.all_reduce(loss)
+
+
+def all_reduce_on_the_world_instead(grads: torch.Tensor) -> None:
+    dist.all_reduce(grads)  # the bug: the world group, where the subgroup peers use the subgroup
+
+
+def wait_for_subgroup(subgroup) -> None:
+    dist.barrier(group=subgroup)  # the bug: a barrier where the peers all_reduce
+
+
+def end_of_training() -> None:
+    dist.barrier()  # the bug: it left the loop early, the others are still training
+
+
+def step(rank: int, culprit: int, case: str | None, subgroup) -> bool:
+    """One training step; False when this rank leaves the loop."""
+    grads, loss = torch.ones(SIZE), torch.ones(SIZE)  # one size: gloo aborts on a size mismatch, NCCL would hang
+    if rank == culprit and case == "world_for_subgroup":
+        all_reduce_on_the_world_instead(grads)
+    elif rank == culprit and case == "opposite_order":
+        sync_world(loss)
+        sync_subgroup(grads, subgroup)
+        return True
+    elif rank == culprit and case == "subgroup_barrier":
+        sync_subgroup(grads, subgroup)
+        wait_for_subgroup(subgroup)
+        return True
+    elif rank == culprit and case == "early_exit":
+        return False
+    else:
+        sync_subgroup(grads, subgroup)
+    sync_world(loss)
+    return True
+
+
+def main() -> None:
+    case = os.environ.get("CASE", "world_for_subgroup")
+    if case not in CASES:
+        raise SystemExit(f"CASE={case!r} is not one of {', '.join(CASES)}")
+    culprit = env_int("CULPRIT", 1)
+    exit_when_orphaned()
+    dist.init_process_group("gloo", timeout=timedelta(seconds=env_int("HANG_TIMEOUT_S", 600)))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    size = env_int("GROUP_SIZE", max(1, world // 2))
+    subgroups = [dist.new_group(list(range(s, min(s + size, world)))) for s in range(0, world, size)]
+    subgroup = subgroups[rank // size]
+
+    for _ in range(WARMUP_STEPS):
+        step(rank, culprit, None, subgroup)
+    # One write, newline included, so the lines of concurrent ranks never interleave.
+    sys.stdout.write(f"READY rank={rank} pid={os.getpid()}\n")
+    sys.stdout.flush()
+    if step(rank, culprit, case, subgroup):
+        step(rank, culprit, None, subgroup)  # the next step: where ranks the bug did not stop go on to
+    else:
+        end_of_training()
+    print(f"UNHUNG rank={rank} case={case}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""Hangs that cross process groups: the wait-for graph names the rank that departed, never its victims.
+
+The recordings are real torchrun + gloo jobs (tests/jobs/cross_group.py) run under `torchtriage run`,
+whose watchdog wrote every rank's stack and flight-recorder dump while the job hung
+(tests/fixtures/fr_cross_group/README.md). Each folder's name gives the case and the culprit.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from conftest import FIXTURES, run_cli
+from test_flight_recorder import entry, verdict_of, write
+from torchtriage import exit_codes
+
+CROSS = FIXTURES / "fr_cross_group"
+CASES = sorted(p.name for p in CROSS.iterdir() if p.is_dir())
+# The function each case's culprit departs in (tests/jobs/cross_group.py).
+BUG = {
+    "world_for_subgroup": "all_reduce_on_the_world_instead",
+    "opposite_order": "sync_world",
+    "subgroup_barrier": "wait_for_subgroup",
+    "early_exit": "end_of_training",
+}
+
+
+def truth(case: str) -> tuple[str, int, int]:
+    kind, culprit, ranks = re.fullmatch(r"(\w+?)_c(\d+)_(\d+)r(?:_g\d+)?", case).groups()
+    return kind, int(culprit), int(ranks)
+
+
+def verdict(verb: str, path) -> dict:
+    done = run_cli(verb, "--json", path)
+    assert done.returncode == exit_codes.PROBLEM_FOUND, done.stderr.decode()
+    return json.loads(done.stdout)
+
+
+def test_the_recordings_cover_every_case_rank_0_and_both_halves():
+    seen = [truth(case) for case in CASES]
+    assert {kind for kind, _, _ in seen} == set(BUG)
+    assert any(culprit == 0 for _, culprit, _ in seen)
+    assert any(culprit >= ranks // 2 for _, culprit, ranks in seen)  # a culprit in the second half
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_post_mortem_names_the_rank_that_departed(case):
+    kind, culprit, ranks = truth(case)
+    found = verdict("diagnose", CROSS / case)
+    assert found["culprit_ranks"] == [culprit]
+    assert found["confidence"] == "high"
+    assert {"flight_recorder", "stacks"} <= set(found["facts"]["sources_used"])
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_flight_recorder_alone_names_it_and_the_line(case):
+    kind, culprit, ranks = truth(case)
+    found = verdict("fr", CROSS / case / "fr")
+    assert found["culprit_ranks"] == [culprit]
+    lead = found["findings"][0]
+    assert lead["ranks"] == [culprit] and lead["blames"]
+    # Whatever decided, the line of the culprit's departing call (or its last call before it) is given.
+    text = json.dumps(found["findings"][0]) + json.dumps(found["actions"])
+    assert BUG[kind] in text or "last_call_site" in found["facts"], text[:400]
+
+
+def test_a_deadlock_says_who_waits_for_whom_and_which_rule_decided():
+    found = verdict("fr", CROSS / "world_for_subgroup_c2_8r" / "fr")
+    assert found["summary"].startswith("deadlock across process groups: ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2;")
+    lead = found["findings"][0]
+    assert lead["kind"] == "fr.deadlock"
+    assert found["facts"]["decided_by"] == "its peers' program order and its own"
+    assert found["facts"]["cycle"] == [0, 1, 2, 3]
+    assert found["facts"]["waits_for"]["2"] == "ranks 0-1, 3"
+    assert found["facts"]["waits_for"]["5"] == "ranks 0-1, 3"  # the other half waits on the cycle
+    assert found["facts"]["user_frame"]["function"] == "all_reduce_on_the_world_instead"
+    # The majority of the world group (ranks 2, 4-7 against 0-1, 3) is superseded, not repeated.
+    collateral = [f for f in found["findings"] if f["role"] == "collateral"]
+    assert collateral and all("departed" not in f["message"] for f in collateral)
+
+
+def test_two_ranks_each_waiting_for_the_other_in_a_first_step_are_candidates(tmp_path):
+    # Rank 0 calls the pair group's all_reduce, rank 1 the world's, in their very first step: no history,
+    # no majority. Ranks 2-3 wait in the world for rank 0. Nothing decides between 0 and 1.
+    pair = {"1": {"name": "1", "desc": "pair", "ranks": "[0, 1]"}}
+    write(tmp_path, 0, [entry(1, pg="1", desc="pair", state="scheduled", line=10)], world=4, extra_pgs=pair)
+    write(tmp_path, 1, [entry(1, state="scheduled", line=11)], world=4, extra_pgs=pair)
+    for rank in (2, 3):
+        write(tmp_path, rank, [entry(1, state="scheduled", line=11)], world=4, extra_pgs=pair)
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == []
+    assert found.confidence == "low"
+    assert found.facts["candidates"] == [0, 1]
+    assert "candidates" in found.summary
+
+
+def test_a_rank_in_no_collective_that_others_wait_for_across_groups_is_the_sink(tmp_path):
+    # Rank 1 finished its pair all_reduce and stopped; rank 0 waits in the world for it, ranks 2-3 too.
+    pair = {"1": {"name": "1", "desc": "pair", "ranks": "[0, 1]"}}
+    steps = [entry(1, pg="1", desc="pair", record=0), entry(1, record=1)]
+    write(tmp_path, 0, [*steps, entry(2, pg="1", desc="pair", record=2), entry(2, state="scheduled", record=3)], world=4, extra_pgs=pair)
+    write(tmp_path, 1, [*steps, entry(2, pg="1", desc="pair", record=2)], world=4, extra_pgs=pair)
+    for rank in (2, 3):
+        write(tmp_path, rank, [entry(1, record=0), entry(2, state="scheduled", record=1)], world=4, extra_pgs=pair)
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == [1]
+    assert found.findings[0].kind == "fr.not_joined"
+
+
+def test_a_pipeline_ranks_p2p_counter_does_not_hide_the_all_reduce_it_never_enqueued(tmp_path):
+    # The NCCL layout: a batch_isend_irecv's entries carry the collective seq before them, then a
+    # `coalesced` marker with is_p2p False; pg_status.last_enqueued_collective holds the p2p seq (here 9).
+    def batch(seq, p2p, record, peer):
+        return [
+            entry(seq, op=f"send {1 - peer}->{peer}", record=record, is_p2p=True, p2p_seq_id=p2p),
+            entry(seq, op=f"recv {1 - peer}<-{peer}", record=record + 1, is_p2p=True, p2p_seq_id=p2p),
+            entry(seq, op="coalesced", record=record + 2, input_sizes=[], output_sizes=[], p2p_seq_id=p2p),
+        ]
+
+    for rank in (0, 1):
+        entries, record = [], 0
+        for seq in range(1, 4):
+            entries.append(entry(seq, record=record))
+            entries += batch(seq, seq * 3, record + 1, 1 - rank)
+            record += 4
+        if rank == 0:
+            entries.append(entry(4, state="scheduled", record=record))
+        status = {"0": {"last_enqueued_collective": 9 if rank == 1 else 4, "last_completed_collective": 3}}
+        write(tmp_path, rank, entries, status=status)
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == [1]
+    assert found.findings[0].kind == "fr.not_joined" and found.findings[0].facts["seq"] == 4
+
+
+def test_a_batch_one_rank_ran_is_not_an_op_mismatch_of_the_collective_before_it(tmp_path):
+    marker = entry(3, op="coalesced", record=5, input_sizes=[], output_sizes=[])
+    sends = [entry(3, op="send 0->1", record=3, is_p2p=True, p2p_seq_id=1), entry(3, op="recv 0<-1", record=4, is_p2p=True, p2p_seq_id=1)]
+    write(tmp_path, 0, [entry(1, record=0), entry(2, record=1), entry(3, record=2), *sends, marker])
+    write(tmp_path, 1, [entry(1, record=0), entry(2, record=1), entry(3, record=2)])
+    found = verdict_of(tmp_path)
+    assert not [f for f in found.findings if f.kind == "fr.op_mismatch"]
