@@ -141,3 +141,85 @@ def test_a_batch_one_rank_ran_is_not_an_op_mismatch_of_the_collective_before_it(
     write(tmp_path, 1, [entry(1, record=0), entry(2, record=1), entry(3, record=2)])
     found = verdict_of(tmp_path)
     assert not [f for f in found.findings if f.kind == "fr.op_mismatch"]
+
+
+# ------------------------------------------------------------------------------------------- live jobs
+
+
+def _wait_for_verdict(folder, procs, timeout=150) -> dict:
+    import time
+
+    path = folder / "hang" / "verdict.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not path.exists():
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.5)
+    time.sleep(1)  # the reporter writes the JSON, then the text
+    assert path.exists(), f"no verdict in {folder}"
+    return json.loads(path.read_text())
+
+
+def _stop(procs) -> None:
+    import os
+    import signal
+
+    # Each agent runs in a session of its own; its workers (sessions of their own, as torchrun starts
+    # them) exit within a second of their agent: tests/jobs/cross_group.py watches its parent.
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+@pytest.mark.slow
+def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgroup(tmp_path):
+    import subprocess
+    import sys
+
+    from hung_job import TORCHRUN
+
+    job = FIXTURES.parent / "jobs" / "cross_group.py"
+    env = {**__import__("os").environ, "CASE": "world_for_subgroup", "CULPRIT": "0", "PYTHONUNBUFFERED": "1"}
+    command = [sys.executable, "-m", "torchtriage", "run", "--out", str(tmp_path), "--stall-seconds", "3", "--"]
+    command += [str(TORCHRUN), "--standalone", "--nproc_per_node", "4", str(job)]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        found = _wait_for_verdict(tmp_path, [proc])
+    finally:
+        _stop([proc])
+    assert found["culprit_ranks"] == [0] and found["confidence"] == "high"
+    assert found["facts"]["user_frame"]["function"] == "all_reduce_on_the_world_instead"
+
+
+@pytest.mark.slow
+def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tmp_path):
+    # Two torchrun agents on one host, each under `torchtriage run` writing one folder, rendezvous
+    # through c10d as two nodes would. Rank 11 (the second node) departs; its subgroup is ranks 8-15.
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from hung_job import TORCHRUN
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    job = FIXTURES.parent / "jobs" / "cross_group.py"
+    env = {**os.environ, "CASE": "world_for_subgroup", "CULPRIT": "11", "PYTHONUNBUFFERED": "1"}
+    procs = []
+    for node in (0, 1):
+        command = [sys.executable, "-m", "torchtriage", "run", "--out", str(tmp_path), "--stall-seconds", "4", "--"]
+        command += [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", str(node)]
+        command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "cross", str(job)]
+        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+    try:
+        found = _wait_for_verdict(tmp_path, procs, timeout=240)
+    finally:
+        _stop(procs)
+    assert found["culprit_ranks"] == [11] and found["confidence"] == "high"
+    assert found["facts"]["flight_recorder"]["cycle"] == list(range(8, 16))
+    assert len(list((tmp_path / "hang" / "fr").iterdir())) == 16
