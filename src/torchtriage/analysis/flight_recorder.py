@@ -863,8 +863,8 @@ def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead
         return facts
     culprit = graph.culprits[0]
     issued = graph.departure.get("issued")
-    if issued is None and graph.kind == "sink" and programs[culprit].ops:
-        issued = programs[culprit].ops[-1]
+    if issued is None and graph.kind == "sink":
+        issued = programs[culprit].last
     if issued is not None:
         group = groups.get(_group_key(dumps[culprit], issued.group))
         facts |= {"pg": issued.group, "pg_size": len(group.members) if group else None, "seq_kind": "collective_seq_id"}

@@ -79,11 +79,16 @@ def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
     return assessment
 
 
+_POOL_FROM = 256  # dumps
+
+
 def _flight_recorder(found: RunInputs, run: RunAnalysis) -> Assessment:
     from torchtriage.analysis.flight_recorder import assess_dumps
     from torchtriage.sources.flight_recorder import load_dump_files
 
-    run.flight_recorder = load_dump_files(found.files(SourceKind.FLIGHT_RECORDER), jobs=1)
+    files = found.files(SourceKind.FLIGHT_RECORDER)
+    # A few dumps load faster here than a pool starts; thousands are read on every core.
+    run.flight_recorder = load_dump_files(files, jobs=1 if len(files) < _POOL_FROM else None)
     return assess_dumps(run.flight_recorder)
 
 

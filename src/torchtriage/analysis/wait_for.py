@@ -46,18 +46,42 @@ class IssuedOp:
         return f"{self.op} seq {self.seq} of {label}{where}"
 
 
-@dataclass
 class Program:
-    rank: int
-    ops: list[IssuedOp]
-    waiting: IssuedOp | None  # the collective it waits in; None: in none (computing, elsewhere, finished)
-    reach: dict[str, int | None]  # group name -> the last seq it issued there (None: not known)
+    """One rank's collectives: the one it waits in and how far it got per group, read at once; its whole
+    program (every op in record order, across groups) only when a cycle needs it."""
+
+    def __init__(self, dump: RankDump) -> None:
+        self.rank = dump.rank
+        self.dump = dump
+        self.reach: dict[str, int | None] = {name: _reach(dump, name) for name in dump.tracks}
+        self.last = _last_op(dump)
+        self.waiting: IssuedOp | None = _waiting(dump, self.last)
+        self._ops: list[IssuedOp] | None = None
+        self._shape: tuple | None = None
+
+    @property
+    def shape(self) -> tuple:
+        """Equal for ranks whose dumps hold the same ops, in the same order and states: one reading serves
+        them all (half of 16k ranks may sit in one cycle, most of them alike)."""
+        if self._shape is None:
+            self._shape = tuple(
+                (name, tuple(t.seqs), tuple(t.keys), tuple(t.sites), tuple(t.indices), tuple(t.states))
+                for name, t in sorted(self.dump.tracks.items())
+            ) + ((self.waiting.index if self.waiting else None),)
+        return self._shape
+
+    @property
+    def ops(self) -> list[IssuedOp]:
+        if self._ops is None:
+            self._ops = _program_ops(self.dump)
+        return self._ops
 
 
 @dataclass
 class WaitFor:
-    edges: dict[int, set[int]]  # rank -> the ranks it waits for
-    unknown: dict[int, set[int]]  # rank -> members of its group with no dump (they may be the ones)
+    edges: dict[int, frozenset[int]]  # rank -> the ranks it waits for (one set per op waited in, shared)
+    unknown: dict[int, frozenset[int]]  # rank -> members of its group with no dump (they may be the ones)
+    place_of: dict[int, tuple] = field(default_factory=dict)  # waiting rank -> the op it waits in
     kind: str | None = None  # "sink" | "cycle" | None (nothing a graph can decide: every member joined)
     culprits: list[int] = field(default_factory=list)
     candidates: list[int] = field(default_factory=list)
@@ -73,14 +97,22 @@ def _site(frame) -> str | None:
     return f"{frame.short_file or frame.file}:{frame.line} in {frame.function}" if frame is not None else None
 
 
+def _op(dump: RankDump, name: str, i: int) -> IssuedOp:
+    track = dump.tracks[name]
+    signature = dump.signatures.get(track.keys[i])
+    site = track.sites[i]
+    return IssuedOp(name, track.seqs[i], signature.op if signature else "?", _site(site), track.indices[i], site)
+
+
 def _program_ops(dump: RankDump) -> list[IssuedOp]:
-    ops = []
-    for name, track in dump.tracks.items():
-        for seq, key, site, index in zip(track.seqs, track.keys, track.sites, track.indices, strict=True):
-            signature = dump.signatures.get(key)
-            ops.append(IssuedOp(name, seq, signature.op if signature else "?", _site(site), index, site))
+    ops = [_op(dump, name, i) for name, track in dump.tracks.items() for i in range(len(track.seqs))]
     ops.sort(key=lambda op: op.index)
     return ops
+
+
+def _last_op(dump: RankDump) -> IssuedOp | None:
+    last = max(((t.indices[-1], name) for name, t in dump.tracks.items() if t.indices), default=None)
+    return _op(dump, last[1], len(dump.tracks[last[1]].indices) - 1) if last else None
 
 
 def _status(dump: RankDump, name: str) -> tuple[int, int, int] | None:
@@ -104,63 +136,78 @@ def _reach(dump: RankDump, name: str) -> int | None:
     return 0
 
 
-def _waiting(dump: RankDump, ops: list[IssuedOp]) -> IssuedOp | None:
-    if not ops:
+def _waiting(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
+    if last is None:
         return None
-    states = {index: state for track in dump.tracks.values() for index, state in zip(track.indices, track.states, strict=True)}
-    if any(state not in _STATELESS for state in states.values()):
+    if any(state not in _STATELESS for track in dump.tracks.values() for state in track.states):
         # A backend that records states (NCCL): the first op that has not completed holds the rank.
-        return next((op for op in ops if states.get(op.index) != "completed"), None)
+        pending = []
+        for name, track in dump.tracks.items():
+            i = next((i for i, state in enumerate(track.states) if state != "completed"), None)
+            if i is not None:
+                pending.append((track.indices[i], name, i))
+        return _op(dump, *min(pending)[1:]) if pending else None
     # Gloo: the groups whose pg_status counts more ops enqueued than completed have one in flight.
-    statuses = {op.group: _status(dump, op.group) for op in ops}
+    statuses = {name: _status(dump, name) for name in dump.tracks}
     if all(status is None for status in statuses.values()):
-        return ops[-1]  # no counters at all: a rank's last op is taken to be where it waits
-    in_flight = {group for group, status in statuses.items() if status is not None and status[2] < status[0]}
-    return next((op for op in reversed(ops) if op.group in in_flight), None)
+        return last  # no counters at all: a rank's last op is taken to be where it waits
+    in_flight = [
+        (dump.tracks[name].indices[-1], name)
+        for name, status in statuses.items()
+        if status is not None and status[2] < status[0] and dump.tracks[name].indices
+    ]
+    if not in_flight:
+        return None
+    index, name = max(in_flight)
+    return _op(dump, name, len(dump.tracks[name].indices) - 1)
 
 
 def programs_of(load: LoadResult) -> dict[int, Program]:
-    found = {}
-    for dump in load.dumps:
-        ops = _program_ops(dump)
-        found[dump.rank] = Program(dump.rank, ops, _waiting(dump, ops), {name: _reach(dump, name) for name in dump.tracks})
-    return found
+    return {dump.rank: Program(dump) for dump in load.dumps}
 
 
 # ------------------------------------------------------------------------------------------------- graph
 
 
 def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
-    """`members_of(rank, group name)`: the global ranks of that rank's group of that name."""
+    """`members_of(rank, group name)`: the global ranks of that rank's group of that name, one tuple per
+    group. The ranks that wait in one op share its set of absent members, computed once per op: at 16k
+    ranks every rank may wait in the same world collective."""
+    places: dict[tuple, tuple[frozenset, frozenset]] = {}
 
-    def missing(rank: int, op: IssuedOp) -> tuple[set[int], set[int]]:
+    def missing(rank: int, op: IssuedOp) -> tuple[frozenset, frozenset]:
         """The members of op's group that never issued it, and those whose dumps cannot say."""
-        absent, unknown = set(), set()
-        for member in members_of(rank, op.group):
-            if member == rank:
-                continue
-            other = programs.get(member)
-            reach = other.reach.get(op.group, 0) if other is not None else None
-            if reach is None:
-                unknown.add(member)
-            elif reach < op.seq:
-                absent.add(member)
-        return absent, unknown
+        members = members_of(rank, op.group)
+        key = (op.group, op.seq, id(members))
+        if key not in places:
+            absent, unknown = [], []
+            for member in members:
+                other = programs.get(member)
+                reach = other.reach.get(op.group, 0) if other is not None else None
+                if reach is None:
+                    unknown.append(member)
+                elif reach < op.seq:
+                    absent.append(member)
+            places[key] = (frozenset(absent), frozenset(unknown))
+        return places[key]
 
-    edges: dict[int, set[int]] = {rank: set() for rank in programs}
-    unknowns: dict[int, set[int]] = {rank: set() for rank in programs}
+    nobody: frozenset = frozenset()
+    graph = WaitFor({}, {})
     for rank, program in programs.items():
-        if program.waiting is None and program.ops and missing(rank, program.ops[-1])[0]:
+        if program.waiting is None and program.last is not None and missing(rank, program.last)[0]:
             # A collective cannot have completed while a member never issued it: the rank waited in it
             # until it timed out or failed (gloo then counts it completed), and dumped afterwards.
-            program.waiting = program.ops[-1]
-        if program.waiting is not None:
-            edges[rank], unknowns[rank] = missing(rank, program.waiting)
-    return WaitFor(edges, unknowns)
+            program.waiting = program.last
+        waiting = program.waiting
+        absent, unknown = missing(rank, waiting) if waiting is not None else (nobody, nobody)
+        graph.edges[rank], graph.unknown[rank] = absent, unknown - {rank}
+        if waiting is not None:
+            graph.place_of[rank] = (waiting.group, waiting.seq, id(members_of(rank, waiting.group)))
+    return graph
 
 
-def _strongly_connected(edges: dict[int, set[int]]) -> list[list[int]]:
-    """Tarjan's components, iteratively (thousands of ranks must not exhaust the stack)."""
+def _strongly_connected(edges: dict) -> list[list]:
+    """Tarjan's strongly connected components, iteratively (a long chain must not exhaust the stack)."""
     index: dict[int, int] = {}
     low: dict[int, int] = {}
     on_stack: set[int] = set()
@@ -207,27 +254,40 @@ def _strongly_connected(edges: dict[int, set[int]]) -> list[list[int]]:
 
 def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
     """The sink the waits end in, or the cycle they end in and the rank that departed first."""
-    waited = {member for targets in graph.edges.values() for member in targets}
+    distinct = {id(targets): targets for targets in graph.edges.values() if targets}
+    waited = frozenset().union(*distinct.values())
     if not waited:
         return graph
     sinks = sorted(m for m in waited if programs[m].waiting is None)
     if sinks:
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
         return graph
-    cycles = [
-        component
-        for component in _strongly_connected(graph.edges)
-        if len(component) > 1 and all(graph.edges[r] <= set(component) for r in component)
-    ]
-    if not cycles:
+    cycle = _deadlocked(graph)
+    if not cycle:
         return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
-    cycle = max(cycles, key=len)
     graph.kind, graph.cycle = "cycle", cycle
     culprits, decided_by, departure = _first_departure(cycle, programs)
     graph.culprits, graph.decided_by, graph.departure = culprits, decided_by, departure
     if not culprits:
         graph.candidates = cycle
     return graph
+
+
+def _deadlocked(graph: WaitFor) -> list[int]:
+    """The ranks of the largest cycle the waits end in. Solved on the ops waited in (a few), not the ranks
+    (thousands): an op waits for the ops its absent members wait in; a terminal cycle of ops holds the
+    ranks that wait in it for each other, and the ranks it waits for are the deadlocked ones."""
+    targets: dict[tuple, frozenset[int]] = {}
+    for rank, place in graph.place_of.items():
+        targets[place] = graph.edges[rank]
+    op_edges = {place: {graph.place_of[r] for r in absent if r in graph.place_of} for place, absent in targets.items()}
+    best: list[int] = []
+    for component in _strongly_connected(op_edges):
+        inside = set(component)
+        if len(component) > 1 and all(op_edges[place] <= inside for place in component):
+            ranks = sorted(frozenset().union(*(targets[place] for place in component)))
+            best = max(best, ranks, key=len)
+    return best
 
 
 # -------------------------------------------------------------------------------------------- departure
@@ -255,41 +315,57 @@ def _after_last_shared(cycle: list[int], programs: dict[int, Program]) -> tuple[
     return anchor, following
 
 
-def _departs_from_its_history(program: Program, since: int) -> tuple[IssuedOp, set] | None:
-    """The first op after position `since` that no earlier step of this rank had after the same op:
-    (that op, what followed the same op before), or None when its program repeats itself."""
+def _against_its_history(program: Program, since: int) -> tuple[tuple[IssuedOp, set] | None, bool]:
+    """How the ops after position `since` follow their predecessors, against this rank's earlier steps:
+    the first that no earlier step had after the same op (with what had followed it), and whether every
+    one of them had (the rank keeps its order). One pass: a cycle may hold thousands of ranks."""
     ops = _upto_waiting(program)
-    for at in range(max(1, since + 1), len(ops)):
-        before = ops[at - 1].identity
-        followers = {ops[j + 1].identity for j in range(at - 1) if ops[j].identity == before}
-        if followers and ops[at].identity not in followers:
-            return ops[at], followers
-    return None
+    seen: dict[tuple, set] = {}
+    keeps = len(ops) > max(1, since + 1)
+    for at in range(1, len(ops)):
+        before, this = ops[at - 1].identity, ops[at].identity
+        followers = seen.get(before)
+        if at > since:
+            if followers and this not in followers:
+                return (ops[at], set(followers)), False
+            keeps = keeps and bool(followers)
+        seen.setdefault(before, set()).add(this)
+    return None, keeps
 
 
 def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[list[int], str, dict]:
-    anchor, following = _after_last_shared(cycle, programs)
+    alike: dict[tuple, list[int]] = {}
+    for rank in cycle:
+        alike.setdefault(programs[rank].shape, []).append(rank)
+    ranks_like = {ranks[0]: ranks for ranks in alike.values()}  # one reading per kind of program
+    readers = sorted(ranks_like)
+    anchor, following = _after_last_shared(readers, programs)
     by_peers: list[int] = []
     detail: dict = {}
     if anchor is not None:
-        tally = Counter(op.identity if op else None for op in following.values())
+        tally: Counter = Counter()
+        for reader, op in following.items():
+            tally[op.identity if op else None] += len(ranks_like[reader])
         (usual, count), *rest = tally.most_common()
         if rest and count * 2 > len(cycle):
-            by_peers = sorted(r for r, op in following.items() if (op.identity if op else None) != usual)
+            departing = [r for r, op in following.items() if (op.identity if op else None) != usual]
+            by_peers = sorted(rank for reader in departing for rank in ranks_like[reader])
             expected = next(op for op in following.values() if op is not None and op.identity == usual)
             detail = {"after": {"group": anchor[0], "seq": anchor[1]}, "peers_issued": expected}
     own: dict[int, tuple[IssuedOp, set]] = {}
     kept: set[int] = set()  # ranks whose program shows the order of earlier steps and keeps it
-    for rank in cycle:
-        program = programs[rank]
+    for reader in readers:
+        program = programs[reader]
         since = -1
         if anchor is not None:
             since = next(i for i, op in enumerate(program.ops) if (op.group, op.seq) == anchor)
-        found = _departs_from_its_history(program, since)
-        if found is not None:
-            own[rank] = found
-        elif _repeats_itself(program, since):
-            kept.add(rank)
+        found, keeps = _against_its_history(program, since)
+        for rank in ranks_like[reader]:
+            if found is not None:
+                own[rank] = found
+            elif keeps:
+                kept.add(rank)
+    following = {rank: following.get(reader) for reader in readers for rank in ranks_like[reader]}
     by_history = sorted(own) if len(own) < len(cycle) else []
     if by_peers and (not by_history or by_history == by_peers):
         decided = "its peers' program order" + (" and its own" if by_history else "")
@@ -299,16 +375,6 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
-
-
-def _repeats_itself(program: Program, since: int) -> bool:
-    """Whether the ops after position `since` each follow their predecessor as in an earlier step."""
-    ops = _upto_waiting(program)
-    after = range(max(1, since + 1), len(ops))
-    return bool(after) and all(
-        any(ops[j].identity == ops[at - 1].identity and ops[j + 1].identity == ops[at].identity for j in range(at - 1))
-        for at in after
-    )
 
 
 def _issued(culprits: list[int], following: dict[int, IssuedOp | None], own: dict[int, tuple[IssuedOp, set]]) -> dict:
@@ -351,7 +417,7 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
     facts: dict = {"decided_by": graph.decided_by}
     if graph.kind == "sink":
         who = "waits" if len(culprits) == 1 else "wait"
-        last = [programs[r].ops[-1] for r in culprits if programs[r].ops]
+        last = [programs[r].last for r in culprits if programs[r].last is not None]
         since = f" (its last op: {last[0].describe(label_of(culprits[0], last[0].group))})" if last else ""
         message = (
             f"{format_ranks(culprits)} {who} in no collective{since} while the others wait for it: "
@@ -400,7 +466,7 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
     evidence = []
     for rank in [*culprits, *(r for r in evidence_ranks if r not in culprits)][:_MAX_EVIDENCE]:
         program = programs[rank]
-        op = program.waiting or (program.ops[-1] if program.ops else None)
+        op = program.waiting or program.last
         if op is None:
             continue
         state = "waits in" if program.waiting is not None else "in no collective; its last op was"
@@ -414,5 +480,6 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
 
 def facts(graph: WaitFor) -> dict:
     """The graph itself, for JSON readers: who waits for whom (at most 64 ranks)."""
-    shown = {str(rank): format_ranks(sorted(targets)) for rank, targets in sorted(graph.edges.items()) if targets}
-    return {"waits_for": dict(list(shown.items())[:64])} | ({"cycle": graph.cycle} if graph.cycle else {})
+    waiting = [(rank, targets) for rank, targets in sorted(graph.edges.items()) if targets][:64]
+    shown = {str(rank): format_ranks(sorted(targets)) for rank, targets in waiting}
+    return {"waits_for": shown} | ({"cycle": graph.cycle} if graph.cycle else {})

@@ -160,14 +160,50 @@ def _as_tuple_sizes(sizes: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(s) for s in sizes)
 
 
+_library_file: dict[str, bool] = {}  # file name -> library code? (a job has a few hundred files, all dumps alike)
+_LIBRARY_FILES_KEPT = 1 << 16  # a hostile dump with millions of names must not grow it without bound
+
+
 def _judge_frame(frame: Any) -> Frame | None:
     """The frame as a call site when it is the user's code, else None (remembered by the frame's identity)."""
     site = None
     filename = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
-    if filename and not is_library_file(filename):
-        site = _interned(Frame(filename, _int(frame.get("line"), 0), str(frame.get("name", "?"))))
+    if filename:
+        library = _library_file.get(filename)
+        if library is None:
+            if len(_library_file) >= _LIBRARY_FILES_KEPT:
+                _library_file.clear()
+            library = _library_file[filename] = is_library_file(filename)
+        if not library:
+            site = _interned(Frame(filename, _int(frame.get("line"), 0), str(frame.get("name", "?"))))
     _site_of_frame[id(frame)] = site
     return site
+
+
+_UNSEEN = object()
+_RECENT_FRAMES = 8  # distinct frame lists remembered: a training step calls its collectives from a few lines
+
+
+def _shared_frames(column: list | tuple) -> list:
+    """The frames column with equal frame lists made one object. Some dumps share the lists of entries called
+    from one line, some repeat them (each entry's list rebuilt): made shared, each distinct list is checked
+    and judged once, as the readers that go by identity expect. A list is compared with the few seen last."""
+    recent: list = []
+    shared = []
+    for frames in column:
+        if type(frames) is list and frames:
+            for known in recent:
+                try:
+                    if known is frames or known == frames:
+                        frames = known
+                        break
+                except RecursionError:  # a crafted, deeply nested value: compared no further
+                    break
+            else:
+                recent.insert(0, frames)
+                del recent[_RECENT_FRAMES:]
+        shared.append(frames)
+    return shared
 
 
 def _user_site(frames: Any) -> Frame | None:
@@ -423,6 +459,9 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
     fetched = _fetch_columns(entries) if entries and type(entries) is list else None
     if fetched is not None and set(map(type, entries)) != {dict}:
         fetched = None
+    if fetched is not None:
+        frames_at = _COLUMN_NAMES.index("frames")
+        fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
     check_entries(entries, size, dict(zip(_COLUMN_NAMES, fetched[0], strict=True)) if fetched else None)
     pg_config, ranks_text, nameless_ranks = _pg_config(data)
     try:
@@ -664,9 +703,14 @@ def _extract_columns(entries: list, fetched: tuple[list, list | None] | None) ->
     keys, signatures, backend = _keys_by_run(entries, coll, fields)
     has_frames = any(frame_col)
     sites: list[Frame | None] = [None] * len(coll) if not has_frames else []
-    if has_frames:  # one call site per run of equal frame lists (equal frames give the same site)
-        for a, b in _runs(frame_col):
-            sites += repeat(_user_site(frame_col[a]), b - a)
+    if has_frames:  # one call site per distinct frame list (`_shared_frames` made equal lists one object)
+        site_of: dict[int, Frame | None] = {}
+        for frames in frame_col:
+            key = id(frames)
+            site = site_of.get(key, _UNSEEN)
+            if site is _UNSEEN:
+                site = site_of[key] = _user_site(frames)
+            sites.append(site)
     seqs = list(seq_col)
     if set(map(type, seqs)) != {int}:
         seqs = [seq if type(seq) is int else _int(seq) for seq in seqs]

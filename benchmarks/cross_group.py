@@ -1,0 +1,179 @@
+"""The case table of hangs across process groups: each family x size, verdict right or not, time to verdict.
+
+Usage: python benchmarks/cross_group.py [--ranks 1024 4096 16384] [--steps 100] [--cases ...] [--torch]
+
+For each case and size, writes a post-mortem folder as `torchtriage run` leaves it (every rank's stack in
+py-spy's text form, `rankNN.txt`, and its NCCL flight-recorder dump under `fr/`, pickle, states recorded),
+of a job whose world is cut into two halves: every step all_reduces in the rank's half (`sync_subgroup`),
+then on the world (`sync_world`), for --steps steps; at the last one the culprit departs as the case
+says (the families of tests/jobs/cross_group.py, recorded for real in tests/fixtures/fr_cross_group):
+
+    world_for_subgroup   the culprit all_reduces on the world where its half uses the half's group
+    opposite_order       it calls the world all_reduce before its half's
+    subgroup_barrier     it enters a barrier on its half where its peers call the world all_reduce
+    early_exit           it waits in the world barrier of the end of training
+
+Then times `torchtriage diagnose DIR --json` (stacks and flight recorder fused) and prints whether it
+named the culprit alone, its peak memory, and, with --torch, PyTorch's `fr_trace` on the same dumps
+(its culprit and time: the ratio). Targets: the culprit named in every case; 16,384 ranks in <= 10 s
+and <= 1 GB on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from measure import run_measured  # benchmarks/measure.py: run as scripts, this folder is on sys.path
+
+CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit")
+LIB = "/opt/venv/lib/python3.12/site-packages/torch/distributed"
+JOB = "/workspace/train.py"
+LINES = {"sync_subgroup": 54, "sync_world": 58, "all_reduce_on_the_world_instead": 62, "wait_for_subgroup": 66, "end_of_training": 70}
+
+
+def _frames(op: str, function: str) -> list[dict]:
+    return [
+        {"name": op, "filename": f"{LIB}/distributed_c10d.py", "line": 3068 if op == "all_reduce" else 4712},
+        {"name": "wrapper", "filename": f"{LIB}/c10d_logger.py", "line": 83},
+        {"name": function, "filename": JOB, "line": LINES[function]},
+        {"name": "step", "filename": JOB, "line": 77},
+        {"name": "main", "filename": JOB, "line": 111},
+    ]
+
+
+def program(case: str, rank: int, world: int, culprit: int, steps: int) -> list[tuple[str, str, str, bool]]:
+    """This rank's ops in order: (group, op, function, completes)."""
+    half = world // 2
+    sub = str(1 + rank // half)
+    ops = []
+    for _ in range(steps - 1):
+        ops += [(sub, "all_reduce", "sync_subgroup", True), ("0", "all_reduce", "sync_world", True)]
+    in_culprits_half = rank // half == culprit // half
+    if rank == culprit:
+        last = {
+            "world_for_subgroup": [("0", "all_reduce", "all_reduce_on_the_world_instead", False)],
+            "opposite_order": [("0", "all_reduce", "sync_world", False)],
+            "subgroup_barrier": [(sub, "all_reduce", "sync_subgroup", True), (sub, "barrier", "wait_for_subgroup", False)],
+            "early_exit": [("0", "barrier", "end_of_training", False)],
+        }[case]
+    elif in_culprits_half and case != "subgroup_barrier":
+        last = [(sub, "all_reduce", "sync_subgroup", False)]  # waits for the culprit in the half
+    else:
+        last = [(sub, "all_reduce", "sync_subgroup", True), ("0", "all_reduce", "sync_world", False)]
+    return ops + last
+
+
+def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config: dict) -> bytes:
+    records, seqs, status = [], {}, {}
+    t0 = 1_796_007_263_000_000_000 + rank * 1000
+    for i, (group, op, function, completes) in enumerate(program(case, rank, world, culprit, steps)):
+        seq = seqs[group] = seqs.get(group, 0) + 1
+        enqueued, completed = status.get(group, (0, 0))
+        status[group] = (seq, seq if completes else completed)
+        records.append(
+            {
+                "frames": _frames(op, function),
+                "record_id": i,
+                "pg_id": int(group),
+                "process_group": (group, "default_pg" if group == "0" else f"half{group}"),
+                "collective_seq_id": seq,
+                "p2p_seq_id": 0,
+                "op_id": seq,
+                "profiling_name": f"nccl:{op}",
+                "time_created_ns": t0 + i * 1_000_000,
+                "input_sizes": [[4096]] if op == "all_reduce" else [],
+                "input_dtypes": ["Float"] if op == "all_reduce" else [],
+                "output_sizes": [[4096]] if op == "all_reduce" else [],
+                "output_dtypes": ["Float"] if op == "all_reduce" else [],
+                "state": "completed" if completes else "scheduled",
+                "time_discovered_started_ns": None,
+                "time_discovered_completed_ns": t0 + i * 1_000_000 + 500_000 if completes else None,
+                "retired": completes,
+                "timeout_ms": 600_000,
+                "is_p2p": False,
+            }
+        )
+    own = {"0": config["0"], str(1 + rank // (world // 2)): config[str(1 + rank // (world // 2))]}
+    pg_status = {g: {"last_enqueued_collective": e, "last_started_collective": -1, "last_completed_collective": c} for g, (e, c) in status.items()}
+    dump = {"version": "2.10", "pg_config": own, "comm_lib_version": "2.28.9", "pg_status": pg_status, "entries": records}
+    return pickle.dumps(dump, protocol=2)
+
+
+def make_stack(case: str, rank: int, world: int, culprit: int) -> str:
+    group, op, function, _ = program(case, rank, world, culprit, 1)[-1]
+    frames = _frames(op, function)
+    lines = [f"Process {40000 + rank}: python {JOB}", "Python v3.12.3 (/opt/venv/bin/python3)", "", 'Thread 0x7f00 (idle): "MainThread"']
+    lines += [f"    {f['name']} ({f['filename']}:{f['line']})" for f in frames]
+    return "\n".join(lines) + "\n"
+
+
+def _write_one(args: tuple) -> None:
+    folder, case, rank, world, culprit, steps, config = args
+    (Path(folder) / "fr" / f"nccl_trace_rank_{rank}").write_bytes(make_dump(case, rank, world, culprit, steps, config))
+    (Path(folder) / f"rank{rank:02d}.txt").write_text(make_stack(case, rank, world, culprit))
+
+
+def write_case(folder: Path, case: str, world: int, culprit: int, steps: int) -> None:
+    (folder / "fr").mkdir(parents=True)
+    half = world // 2
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
+    for h in (0, 1):
+        name = str(1 + h)
+        config[name] = {"name": name, "desc": f"half{name}", "ranks": str(list(range(h * half, (h + 1) * half)))}
+    jobs = [(str(folder), case, r, world, culprit, steps, config) for r in range(world)]
+    with ProcessPoolExecutor() as pool:
+        list(pool.map(_write_one, jobs, chunksize=64))
+
+
+def torch_fr_trace(folder: Path, timeout: float):
+    command = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder / "fr"), "-j", "--prefix", "nccl_trace_rank_"]
+    done = run_measured(command, timeout, merge_stderr=True)
+    return done, sorted({int(r) for r in re.findall(r"Culprit rank (\d+)", done["out"])})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
+    parser.add_argument("--torch", action="store_true", help="also run PyTorch's fr_trace on the dumps")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="cross_group_"))
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; {args.steps} steps, {2 * args.steps} entries per dump")
+    print(f"{'case':<20} {'ranks':>6}  {'culprit':>7}  {'named':<8} {'right':<5} {'time':>7} {'peak MB':>8}  decided by")
+    wrong = 0
+    try:
+        for world in args.ranks:
+            for case in args.cases:
+                culprit = world // 2 + world // 3 if case != "early_exit" else world // 3  # one in each half
+                folder = base / f"{case}_{world}"
+                write_case(folder, case, world, culprit, args.steps)
+                done = run_measured([sys.executable, "-m", "torchtriage", "diagnose", str(folder), "--json"], 600)
+                verdict = json.loads(done["out"]) if done["out"].strip().startswith("{") else {}
+                named = verdict.get("culprit_ranks")
+                right = named == [culprit]
+                wrong += not right
+                decided = verdict.get("facts", {}).get("flight_recorder", {}).get("decided_by", "")
+                print(f"{case:<20} {world:>6}  {culprit:>7}  {str(named):<8} {'yes' if right else 'NO':<5} {done['wall_s']:>6.2f}s {done['peak_mb']:>8.0f}  {decided}")
+                if args.torch:
+                    theirs, blamed = torch_fr_trace(folder, 900)
+                    print(f"{'  PyTorch fr_trace':<20} {world:>6}  {culprit:>7}  {str(blamed)[:40]:<8} {'yes' if blamed == [culprit] else 'NO':<5} {theirs['wall_s']:>6.2f}s {theirs['peak_mb']:>8.0f}  ratio {theirs['wall_s'] / max(done['wall_s'], 1e-9):.1f}x")
+                shutil.rmtree(folder)
+        print(f"\n{'every case right' if not wrong else f'{wrong} case(s) wrong'}; target at 16384 ranks: <= 10 s, <= 1024 MB")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    sys.exit(1 if wrong else 0)
+
+
+if __name__ == "__main__":
+    main()
