@@ -223,3 +223,69 @@ def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tm
     assert found["culprit_ranks"] == [11] and found["confidence"] == "high"
     assert found["facts"]["flight_recorder"]["cycle"] == list(range(8, 16))
     assert len(list((tmp_path / "hang" / "fr").iterdir())) == 16
+
+
+# ------------------------------------------------------------------------------- pipelines (p2p), NCCL layout
+
+
+def p2p(seq_after, kind, src, dst, record, p2p_seq, state="completed", size=256):
+    arrow = "->" if kind == "send" else "<-"
+    me, peer = (src, dst) if kind == "send" else (dst, src)
+    return entry(seq_after, op=f"{kind} {me}{arrow}{peer}", record=record, is_p2p=True, p2p_seq_id=p2p_seq, state=state, size=size)
+
+
+def pipeline_step(rank, step, record, skip_send=False):
+    """Stage 0 sends activations to stage 1 and receives gradients back; then both all_reduce (seq step)."""
+    ops = []
+    if rank == 0:
+        ops += [p2p(step - 1, "send", 0, 1, record, 2 * step - 1), p2p(step - 1, "recv", 1, 0, record + 1, 2 * step)]
+    else:
+        ops.append(p2p(step - 1, "recv", 0, 1, record, 2 * step - 1))
+        if not skip_send:
+            ops.append(p2p(step - 1, "send", 1, 0, record + 1, 2 * step))
+    ops.append(entry(step, record=record + 2))
+    return ops
+
+
+def test_a_stage_that_never_posted_its_send_and_has_no_p2p_entry_left_is_named(tmp_path):
+    # Rank 1's buffer holds no p2p entry at all (it never got to post any): its missing send is still seen.
+    write(tmp_path, 0, [p2p(0, "send", 0, 1, 0, 1), p2p(0, "recv", 1, 0, 1, 2, state="scheduled")])
+    write(tmp_path, 1, [entry(1, op="broadcast", record=0, state="completed", pg="1", desc="other")], extra_pgs={"1": {"name": "1", "desc": "other", "ranks": "[1]"}})
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == [1]
+    assert "rank 1 never posted the recv" in found.findings[0].message
+
+
+def test_p2p_ops_are_aligned_after_each_collective_when_the_ring_buffers_wrapped(tmp_path):
+    # Ten steps; the buffers kept only the last records, starting at different ops. At step 10 stage 1
+    # receives the activations but never sends the gradients back: stage 0 waits in its recv.
+    for rank in (0, 1):
+        entries, record = [], 0
+        for step in range(1, 11):
+            entries += pipeline_step(rank, step, record, skip_send=(rank == 1 and step == 10))
+            record += 3
+        if rank == 0:
+            entries[-2]["state"] = "scheduled"  # its last recv never completes
+            entries = entries[:-1]  # and it never reached the all_reduce
+        else:
+            entries = entries[:-1]
+        keep = 13 if rank == 0 else 11  # different windows, neither from the start
+        write(tmp_path, rank, entries[-keep:])
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == [1]
+    lead = found.findings[0]
+    assert "rank 1 never posted the send matching recv" in lead.message and "after collective 9" in lead.message
+
+
+def test_an_all_gather_whose_output_is_wrong_on_every_rank_alike_is_not_agreement(tmp_path):
+    for rank in range(4):
+        entries = [entry(1, record=0), entry(2, op="_all_gather_base", record=1, size=1024, output_sizes=[[2048]])]
+        write(tmp_path, rank, entries, world=4)
+    found = verdict_of(tmp_path)
+    assert found.findings and found.findings[0].kind == "fr.size_mismatch"
+    assert "every rank alike" in found.findings[0].message
+    assert fr_exit_code(tmp_path) == exit_codes.PROBLEM_FOUND  # never "the dumps agree"
+
+
+def fr_exit_code(folder) -> int:
+    return run_cli("fr", folder).returncode

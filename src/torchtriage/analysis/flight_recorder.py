@@ -190,10 +190,38 @@ def collective_disagreement(
                     sides[value].extend(ranks)
             if len(sides) > 1:
                 return _decide(group, seq, dict(sides), dumps, signatures)
+    impossible = _impossible_everywhere(group, reps, signatures)
+    if impossible is not None:
+        return impossible
     a2a = _all_to_all_totals(group, views, common, signatures)
     if a2a is not None:
         return a2a
     return _state_disagreement(group, views, common)
+
+
+def _impossible_everywhere(group: Group, reps: list, signatures: dict[str, Signature]) -> Disagreement | None:
+    """An op every rank called alike, with sizes no group of this size can run (an all_reduce whose output
+    is not its input, an all_gather whose output is not input x group size): the call itself is wrong."""
+    size = len(group.members)
+    for _, lookup, ranks in reps:
+        for seq, key in sorted(lookup.items()):
+            sig = signatures.get(key)
+            if sig is not None and not _sizes_consistent(sig, size):
+                everyone = sorted(r for _, _, members in reps for r in members)
+                return Disagreement(
+                    group,
+                    seq,
+                    False,
+                    {key: everyone},
+                    key,
+                    [],
+                    "sizes",
+                    "size_mismatch",
+                    f"every rank called {sig.op} with sizes no group of {size} can run (in "
+                    f"{[list(s) for s in sig.input_sizes]}, out {[list(s) for s in sig.output_sizes]}): the call "
+                    "itself is wrong on every rank alike",
+                )
+    return None
 
 
 def _key(group: Group) -> tuple[str, str | None]:
@@ -361,6 +389,8 @@ def _sizes_consistent(sig: Signature, group_size: int) -> bool:
     op = sig.op
     if not sig.input_sizes or not sig.output_sizes:
         return True
+    if op in ("all_reduce", "allreduce"):
+        return sig.input_sizes == sig.output_sizes
     if op in ("all_gather", "_all_gather_base", "all_gather_into_tensor", "all_gather_into_tensor_coalesced"):
         return sig.output_numel == sig.input_numel * group_size
     if op in ("reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced"):
@@ -389,32 +419,65 @@ def _kind(sides: dict[str, list[int]], expected: str | None, signatures: dict[st
 
 
 def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement | None:
-    """The k-th send a->b must meet the k-th recv at b from a, with the same sizes and dtypes."""
+    """The k-th send a->b must meet the k-th recv at b from a, with the same sizes and dtypes.
+
+    Ring buffers drop their oldest records, so counting from each buffer's start would pair the wrong ops.
+    NCCL records on every p2p entry the group's last collective before it: the ops are counted after each
+    collective, in the span both buffers hold whole (after the oldest collective each still holds, or from
+    the start where a buffer never wrapped). A member whose dump holds no p2p op of the group posted none."""
     local_to_global = list(group.members)
-    sends: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
-    recvs: dict[tuple[int, int], list[P2POp]] = defaultdict(list)
-    complete: set[int] = set()
+    posted: dict[tuple[int, int], dict[str, list[P2POp]]] = defaultdict(lambda: {"send": [], "recv": []})
     for rank in group.members:
         dump = dumps.get(rank)
-        if dump is None or group.name not in dump.p2p:
+        if dump is None:
             continue
-        if not dump.first_record_id:
-            complete.add(rank)
-        for op in dump.p2p[group.name]:
+        for op in dump.p2p.get(group.name, ()):
             try:
                 src, dst = local_to_global[op.src], local_to_global[op.dst]
             except IndexError:
                 continue
-            (sends if op.kind == "send" else recvs)[(src, dst)].append(op)
-    best: Disagreement | None = None
-    for pair in sorted(set(sends) | set(recvs)):
-        src, dst = pair
-        out, into = sends.get(pair, []), recvs.get(pair, [])
+            if (op.kind == "send" and rank == src) or (op.kind == "recv" and rank == dst):
+                posted[(src, dst)][op.kind].append(op)
+    found: list[tuple[int, Disagreement]] = []
+    for (src, dst), ops in sorted(posted.items()):
+        if src not in dumps or dst not in dumps or src == dst:
+            continue
+        floor = max(_whole_from(dumps[src], group), _whole_from(dumps[dst], group))
+        if floor is None:
+            continue  # a buffer wrapped and the group has no collective to count from: cannot be aligned
+        sends = [op for op in ops["send"] if op.after > floor]
+        recvs = [op for op in ops["recv"] if op.after > floor]
+        disagreement = _first_unmatched(group, src, dst, sends, recvs)
+        if disagreement is not None:
+            found.append(disagreement)
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def _whole_from(dump: RankDump, group: Group) -> int | None:
+    """The collective seq after which this rank's buffer holds every p2p op of the group: -1 when it never
+    wrapped; else the oldest collective it still holds (the ops after the one before it may be cut)."""
+    if not dump.first_record_id:
+        return -1
+    track = dump.tracks.get(group.name)
+    if track is None or not track.seqs:
+        return None
+    return track.seqs[0]
+
+
+def _first_unmatched(group: Group, src: int, dst: int, sends: list[P2POp], recvs: list[P2POp]) -> tuple[int, Disagreement] | None:
+    """The first send a->b without its recv (or the reverse, or with other sizes): (its collective, how)."""
+    by_after: dict[int, list[list[P2POp]]] = defaultdict(lambda: [[], []])
+    for op in sends:
+        by_after[op.after][0].append(op)
+    for op in recvs:
+        by_after[op.after][1].append(op)
+    for after in sorted(by_after):
+        out, into = by_after[after]
         for k in range(max(len(out), len(into))):
             if k < len(out) and k < len(into):
                 send, recv = out[k], into[k]
                 if (send.sizes, send.dtypes) != (recv.sizes, recv.dtypes):
-                    return Disagreement(
+                    return after, Disagreement(
                         group,
                         send.seq,
                         True,
@@ -423,30 +486,25 @@ def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement |
                         [],
                         "undecided",
                         "size_mismatch" if send.sizes != recv.sizes else "dtype_mismatch",
-                        f"send #{k + 1} from rank {src} to rank {dst} carries {[list(s) for s in send.sizes]} "
-                        f"{list(send.dtypes)}, the matching recv expects {[list(s) for s in recv.sizes]} "
-                        f"{list(recv.dtypes)}",
+                        f"send #{k + 1} after collective {after} from rank {src} to rank {dst} carries "
+                        f"{[list(s) for s in send.sizes]} {list(send.dtypes)}, the matching recv expects "
+                        f"{[list(s) for s in recv.sizes]} {list(recv.dtypes)}",
                     )
                 continue
-            if src not in complete or dst not in complete or src not in dumps or dst not in dumps:
-                break  # a wrapped buffer or a missing dump: the counts do not line up
-            posted, missing_side = (out[k], dst) if k < len(out) else (into[k], src)
-            verb = "recv" if k < len(out) else "send"
-            if best is None:
-                best = Disagreement(
-                    group,
-                    posted.seq,
-                    True,
-                    {"posted": [src if k < len(out) else dst], ABSENT: [missing_side]},
-                    "posted",
-                    [missing_side],
-                    "stopped issuing",
-                    "not_joined",
-                    f"rank {missing_side} never posted the {verb} matching "
-                    f"{'send' if k < len(out) else 'recv'} #{k + 1} from rank {src} to rank {dst}",
-                )
-            break
-    return best
+            op, missing, verb = (out[k], dst, "recv") if k < len(out) else (into[k], src, "send")
+            return after, Disagreement(
+                group,
+                op.seq,
+                True,
+                {"posted": [src if k < len(out) else dst], ABSENT: [missing]},
+                "posted",
+                [missing],
+                "stopped issuing",
+                "not_joined",
+                f"rank {missing} never posted the {verb} matching {'send' if k < len(out) else 'recv'} #{k + 1} "
+                f"after collective {after} from rank {src} to rank {dst}",
+            )
+    return None
 
 
 # ------------------------------------------------------------------------------------------------------ verdict

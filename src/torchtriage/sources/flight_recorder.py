@@ -81,6 +81,7 @@ class P2POp(NamedTuple):
     dtypes: tuple[str, ...]
     state: str
     site: Frame | None
+    after: int = 0  # collective_seq_id: the group's last collective before it (NCCL records it on p2p entries)
 
 
 @dataclass
@@ -330,6 +331,7 @@ def _add_p2p(p2p: dict[str, list[P2POp]], pg: str, index: int, entry: dict) -> N
             tuple(str(d) for d in ((entry.get("input_dtypes") if send else entry.get("output_dtypes")) or ())),
             _interned(str(entry.get("state", ""))),
             _user_site(entry.get("frames")),
+            _int(entry.get("collective_seq_id"), 0),
         )
     )
 
