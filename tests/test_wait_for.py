@@ -289,3 +289,97 @@ def test_an_all_gather_whose_output_is_wrong_on_every_rank_alike_is_not_agreemen
 
 def fr_exit_code(folder) -> int:
     return run_cli("fr", folder).returncode
+
+
+# ------------------------------------------------------------------------------------ stacks alone (py-spy)
+
+
+def spy_dump(pid: int, function: str, line: int, kwargs: str, args: str = "(<Tensor at 0x7f00>)", op="all_reduce") -> str:
+    """py-spy's `dump --locals` text (src/dump.rs): c10d_logger's wrapper shows what the caller passed."""
+    return f"""Process {pid}: python train.py
+Python v3.11.7 (/usr/bin/python3.11)
+
+Thread {pid} (idle): "MainThread"
+    {op} (torch/distributed/distributed_c10d.py:3252)
+        Arguments:
+            tensor: <Tensor at 0x7f00>
+            group: <torch._C._distributed_c10d.ProcessGroup at 0x7f10>
+    _exception_logger.<locals>.wrapper (torch/distributed/c10d_logger.py:83)
+        Locals:
+            args: {args}
+            kwargs: {kwargs}
+    {function} (train.py:{line})
+    main (train.py:111)
+"""
+
+
+def stacks_verdict_of(tmp_path, dumps: dict[int, str]) -> dict:
+    for rank, text in dumps.items():
+        (tmp_path / f"rank{rank:02d}.txt").write_text(text)
+    done = run_cli("diagnose", "--json", tmp_path)
+    return json.loads(done.stdout)
+
+
+SUBGROUP = '{"group": <torch._C._distributed_c10d.ProcessGroup at 0x7f20>}'
+
+
+def test_stacks_alone_exclude_the_ranks_blocked_in_their_subgroup_and_name_the_one_apart(tmp_path):
+    # Rank 0 waits in its subgroup; rank 1 all_reduces on the world from another line; ranks 2-3 wait in
+    # the world all_reduce at the usual line. By numbers alone ranks 0 and 1 would both be the minority.
+    found = stacks_verdict_of(
+        tmp_path,
+        {
+            0: spy_dump(100, "sync_subgroup", 54, SUBGROUP),
+            1: spy_dump(101, "all_reduce_on_the_world_instead", 62, "{}"),
+            2: spy_dump(102, "sync_world", 58, "{}"),
+            3: spy_dump(103, "sync_world", 58, "{}"),
+        },
+    )
+    assert found["culprit_ranks"] == [1] and found["confidence"] == "medium"
+    assert "on a group its caller passed" in found["summary"]
+
+
+def test_stacks_alone_name_candidates_when_every_rank_on_the_world_waits_alike(tmp_path):
+    found = stacks_verdict_of(
+        tmp_path,
+        {
+            0: spy_dump(100, "sync_subgroup", 54, SUBGROUP),
+            1: spy_dump(101, "sync_world", 58, "{}"),
+            2: spy_dump(102, "sync_world", 58, "{}"),
+            3: spy_dump(103, "sync_world", 58, "{}"),
+        },
+    )
+    assert found["culprit_ranks"] == [] and found["confidence"] == "low"
+    assert found["facts"]["candidates"] == [0, 1, 2, 3]
+
+
+def test_a_group_passed_by_position_is_not_read_as_the_default():
+    from torchtriage.analysis.positions import group_given
+    from torchtriage.sources.pyspy import parse_text
+
+    def frames(text):
+        (process,) = parse_text(text, "rank0.txt")
+        return process.threads[0].frames
+
+    assert group_given(frames(spy_dump(1, "f", 1, "{}"))) is False
+    assert group_given(frames(spy_dump(1, "f", 1, SUBGROUP))) is True
+    positional = spy_dump(1, "f", 1, "{}", args="(<Tensor at 0x7f00>, <RedOpType at 0x7f01>, <ProcessGroup at 0x7f20>)")
+    assert group_given(frames(positional)) is None
+    assert group_given(frames(spy_dump(1, "f", 1, "{}").split("        Arguments:")[0] + "    main (train.py:111)\n")) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "culprit", "named"), [("world_for_subgroup", 1, [1]), ("opposite_order", 1, [])])
+def test_live_stacks_with_locals_never_blame_the_blocked_subgroup(case, culprit, named):
+    pytest.importorskip("torch")
+    from hung_job import HungJob
+
+    job_file = FIXTURES.parent / "jobs" / "cross_group.py"
+    with HungJob(culprit=culprit, ranks=4, env={"CASE": case, "CULPRIT": str(culprit)}, script=job_file) as job:
+        done = run_cli("diagnose", "--pid", job.proc.pid, "--json", timeout=180)
+    found = json.loads(done.stdout)
+    assert found["culprit_ranks"] == named
+    # Rank 0 waits in its subgroup for rank 1, whatever rank 1 did: it is never the culprit.
+    assert 0 not in found["culprit_ranks"]
+    if not named:
+        assert found["confidence"] == "low" and culprit in found["facts"]["candidates"]

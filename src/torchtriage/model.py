@@ -165,6 +165,7 @@ class RankPosition:
     thread_name: str | None = None
     process_group: str | None = None  # the process group it waits in, when the source names one
     seq: int | None = None  # that group's sequence number, when the source names one
+    group_given: bool | None = None  # the caller passed the collective a group (True) or used the default
 
     @property
     def waiting(self) -> bool:

@@ -11,6 +11,7 @@ after the collective, not the collective itself. That state, `gpu_wait`, counts 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from torchtriage.knowledge.frames import StackKnowledge, stack_knowledge
@@ -158,7 +159,34 @@ def position_of(
 ) -> RankPosition:
     """One rank's position from one thread's frames (innermost first)."""
     state, op, where = classify_frames(frames, active)
-    return RankPosition(rank, state, op, where, innermost_user_frame(frames), source, file, thread_name)
+    given = group_given(frames) if state == RankState.COLLECTIVE else None
+    return RankPosition(
+        rank, state, op, where, innermost_user_frame(frames), source, file, thread_name, group_given=given
+    )
+
+
+# torch.distributed's collectives are wrapped by c10d_logger's `_exception_logger`, whose `args` and `kwargs`
+# are what the caller passed: py-spy --locals shows them. A `group` among the keyword arguments is a group
+# the caller chose; no keyword and a single positional argument (the tensor) is the default group. (The
+# collective's own `group` local is the resolved group either way: it cannot tell.)
+_WRAPPER = "c10d_logger.py"
+_GROUP_KEYWORD = re.compile(r"""["']group["']\s*:""")
+_ONE_ARGUMENT = re.compile(r"^\((?:<[^<>()]*>|[^,()<>]*),?\)$|^\(\)$")
+
+
+def group_given(frames: Sequence[Frame]) -> bool | None:
+    """Whether the collective on this stack was given a group by its caller; None when the stack cannot say
+    (no locals captured, a positional group, a collective outside torch.distributed)."""
+    for frame in frames:
+        if frame.native or not frame.locals or not _matches(frame, _WRAPPER):
+            continue
+        values = {local.name: local.repr or "" for local in frame.locals}
+        if "kwargs" not in values:
+            return None
+        if _GROUP_KEYWORD.search(values["kwargs"]):
+            return True
+        return False if _ONE_ARGUMENT.match(values.get("args", "").strip()) else None
+    return None
 
 
 def _in_group(position: RankPosition) -> str:
@@ -175,8 +203,9 @@ def describe(position: RankPosition, plural: bool = False) -> str:
     site = f"{frame.function} at {frame.site}" if frame else "library code"
     where = position.where.function if position.where else "?"
     op = position.op
+    group = {True: " on a group its caller passed", False: " on the default group"}.get(position.group_given, "")
     return {
-        RankState.COLLECTIVE: f"{wait} in {op}, called from {site}" + _in_group(position),
+        RankState.COLLECTIVE: f"{wait} in {op}{group}, called from {site}" + _in_group(position),
         RankState.GPU_WAIT: f"{wait} for the GPU in {op}, called from {site}",
         RankState.DATALOADER: f"{be} {op} in the DataLoader, called from {site}",
         RankState.LOCK: f"{be} blocked on a lock ({op}) in {site}",

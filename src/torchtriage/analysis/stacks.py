@@ -136,6 +136,9 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
         )
         if len(waiting) > 1:
             findings.append(_disagreement(waiting, decided=False))
+    elif len(waiting) > 1 and not elsewhere and _across_groups(waiting):
+        culprits, confidence, finding = _across_groups_verdict(waiting)
+        findings.append(finding)
     elif len(waiting) > 1 and not elsewhere:
         largest, runner_up = len(waiting[0].ranks), len(waiting[1].ranks)
         if largest > runner_up and largest >= 2:
@@ -151,6 +154,53 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
             findings.append(_disagreement(waiting, decided=False))
     findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks))
     return StackAnalysis(found, groups, findings, culprits, confidence)
+
+
+def _across_groups(waiting: list[StackGroup]) -> bool:
+    """Some ranks wait in a collective on a group their caller passed, others on the default group (py-spy's
+    locals say which): the wait crosses groups."""
+    given = {g.position.group_given for g in waiting}
+    return given == {True, False}
+
+
+def _across_groups_verdict(waiting: list[StackGroup]) -> tuple[list[int], str, Finding]:
+    """The ranks on a passed group (a subgroup) wait there for a member that is not in it: blocked, never the
+    culprit by number. Among the ranks on the default group, one place apart from a clear majority is the
+    rank the subgroup waits for; with none, the stacks cannot tell which rank it is."""
+    on_default = [g for g in waiting if g.position.group_given is False]
+    on_given = [g for g in waiting if g.position.group_given]
+    blocked = sorted(r for g in on_given for r in g.ranks)
+    sizes = sorted((len(g.ranks) for g in on_default), reverse=True)
+    where = f"{_groups_text(on_given)}: blocked in a group their caller passed, waiting for a member that is not in it; {_groups_text(on_default)}"
+    if len(sizes) > 1 and sizes[0] > sizes[1]:
+        majority = max(on_default, key=lambda g: len(g.ranks))
+        culprits = sorted(r for g in on_default if g is not majority for r in g.ranks)
+        finding = Finding(
+            "stacks.different_collective",
+            culprits,
+            f"{format_ranks(culprits)} {'waits' if len(culprits) == 1 else 'wait'} on the default group from "
+            f"another place than the others there: the member the blocked ranks wait for. {where}",
+            role="primary",
+            category="hang",
+            evidence=[e for g in on_default if g is not majority for e in _evidence(g.position)][:_MAX_EVIDENCE]
+            + _group_evidence(on_given)[:2],
+            blames=True,
+        )
+        return culprits, "medium", finding
+    # Without a place apart, the rank the subgroup waits for may wait on the default group like the rest, or
+    # be the one on a passed group (a barrier on its subgroup where its peers went on): every rank is a candidate.
+    candidates = sorted(r for g in waiting for r in g.ranks)
+    finding = Finding(
+        "stacks.different_collective",
+        candidates,
+        f"The wait crosses process groups: {where}. The stacks cannot tell which rank departed (the flight "
+        "recorder's order can): candidates, not culprits",
+        role="symptom",
+        category="hang",
+        evidence=_group_evidence(waiting),
+        facts={"undecided": True, "candidates": candidates, "blocked": blocked},
+    )
+    return [], "low", finding
 
 
 def _disagreement(waiting: list[StackGroup], decided: bool, culprits: list[int] | None = None) -> Finding:

@@ -214,7 +214,8 @@ def capture_stacks(
         lanes.append(
             [
                 Step(tuple(base), timeout_s, stdout_path=stem.with_suffix(".txt")),
-                Step((*base, "--json"), timeout_s, stdout_path=stem.with_suffix(".json")),
+                # The JSON dump carries the locals: which group each collective was given.
+                Step((*base, "--json", "--locals"), timeout_s, stdout_path=stem.with_suffix(".json")),
             ]
         )
     report = ConcurrentRunner(graceful_stop=False).run(lanes, [t.pid for t in targets])

@@ -15,11 +15,12 @@ from torchtriage.sources.streams import read_text
 _STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER)
 
 
-def _preference(process: ProcessStack) -> tuple[bool, bool, bool]:
+def _preference(process: ProcessStack) -> tuple[bool, bool, bool, bool]:
     # py-spy knows each thread's state; native frames tell a lock from a sleep; full paths tell library
-    # code from user code.
+    # code from user code; locals tell which group a collective was given.
     known = any(t.state_known for t in process.threads)
-    return known, process.has_native_frames, process.has_full_paths
+    has_locals = any(f.locals for t in process.threads for f in t.frames)
+    return known, process.has_native_frames, process.has_full_paths, has_locals
 
 
 def _read_faulthandler(path: str) -> tuple[int, ProcessStack]:
