@@ -24,7 +24,10 @@ BUG = {
     "opposite_order": "sync_world",
     "subgroup_barrier": "wait_for_subgroup",
     "early_exit": "end_of_training",
+    "skip_send": "sync_world",  # where it went instead of sending: the sends themselves are not recorded
+    "recv_before_send": None,  # both stages wait in a recv: nothing tells which departed
 }
+UNDECIDABLE = ("recv_before_send",)
 
 
 def truth(case: str) -> tuple[str, int, int]:
@@ -40,6 +43,7 @@ def verdict(verb: str, path) -> dict:
 
 def test_the_recordings_cover_every_case_rank_0_and_both_halves():
     seen = [truth(case) for case in CASES]
+    assert len(CASES) == 18
     assert {kind for kind, _, _ in seen} == set(BUG)
     assert any(culprit == 0 for _, culprit, _ in seen)
     assert any(culprit >= ranks // 2 for _, culprit, ranks in seen)  # a culprit in the second half
@@ -49,12 +53,18 @@ def test_the_recordings_cover_every_case_rank_0_and_both_halves():
 def test_post_mortem_names_the_rank_that_departed(case):
     kind, culprit, ranks = truth(case)
     found = verdict("diagnose", CROSS / case)
+    assert {"flight_recorder", "stacks"} <= set(found["facts"]["sources_used"])
+    if kind in UNDECIDABLE:
+        # Both stages of its pair wait in a recv from the other: the pair are the candidates, no one else.
+        pair = sorted({culprit, culprit ^ 1})
+        assert found["culprit_ranks"] == [] and found["confidence"] == "low"
+        assert found["facts"]["candidates"] == pair
+        return
     assert found["culprit_ranks"] == [culprit]
     assert found["confidence"] == "high"
-    assert {"flight_recorder", "stacks"} <= set(found["facts"]["sources_used"])
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", [c for c in CASES if truth(c)[0] not in UNDECIDABLE])
 def test_the_flight_recorder_alone_names_it_and_the_line(case):
     kind, culprit, ranks = truth(case)
     found = verdict("fr", CROSS / case / "fr")
@@ -143,6 +153,24 @@ def test_a_batch_one_rank_ran_is_not_an_op_mismatch_of_the_collective_before_it(
     assert not [f for f in found.findings if f.kind == "fr.op_mismatch"]
 
 
+def test_a_stage_that_skipped_its_send_is_found_by_the_ops_gloo_counts_but_does_not_record():
+    found = verdict("fr", CROSS / "skip_send_c3_4r" / "fr")
+    assert found["culprit_ranks"] == [3]
+    assert found["findings"][0]["kind"] == "fr.p2p_skipped"
+    assert "it issued 1 send/recv op(s)" in found["summary"] and "earlier steps issued 2" in found["summary"]
+
+
+def test_the_stacks_of_a_pipeline_name_the_pair_never_the_stage_by_number(tmp_path):
+    import shutil
+
+    for stack in (CROSS / "skip_send_c1_4r").glob("rank*.txt"):
+        shutil.copy(stack, tmp_path)
+    found = verdict("diagnose", tmp_path)
+    # Rank 0 waits in its recv from rank 1 (the watchdog writes recv's src); ranks 1-3 in the all_reduce.
+    assert found["culprit_ranks"] == [] and found["confidence"] == "low"
+    assert found["facts"]["candidates"] == [0, 1]
+
+
 # ------------------------------------------------------------------------------------------- live jobs
 
 
@@ -190,7 +218,7 @@ def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgro
         found = _wait_for_verdict(tmp_path, [proc])
     finally:
         _stop([proc])
-    assert found["culprit_ranks"] == [0] and found["confidence"] == "high"
+    assert (found["culprit_ranks"], found["confidence"]) == ([0], "high"), found["summary"]
     assert found["facts"]["user_frame"]["function"] == "all_reduce_on_the_world_instead"
 
 
@@ -220,9 +248,10 @@ def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tm
         found = _wait_for_verdict(tmp_path, procs, timeout=240)
     finally:
         _stop(procs)
-    assert found["culprit_ranks"] == [11] and found["confidence"] == "high"
+    dumps = sorted(p.name for p in (tmp_path / "hang" / "fr").iterdir())
+    assert (found["culprit_ranks"], found["confidence"]) == ([11], "high"), (found["summary"], dumps)
     assert found["facts"]["flight_recorder"]["cycle"] == list(range(8, 16))
-    assert len(list((tmp_path / "hang" / "fr").iterdir())) == 16
+    assert len(dumps) == 16
 
 
 # ------------------------------------------------------------------------------- pipelines (p2p), NCCL layout
@@ -363,6 +392,7 @@ def test_a_group_passed_by_position_is_not_read_as_the_default():
 
     assert group_given(frames(spy_dump(1, "f", 1, "{}"))) is False
     assert group_given(frames(spy_dump(1, "f", 1, SUBGROUP))) is True
+    assert group_given(frames(spy_dump(1, "f", 1, '{"group": None}'))) is False  # group=None: the default
     positional = spy_dump(1, "f", 1, "{}", args="(<Tensor at 0x7f00>, <RedOpType at 0x7f01>, <ProcessGroup at 0x7f20>)")
     assert group_given(frames(positional)) is None
     assert group_given(frames(spy_dump(1, "f", 1, "{}").split("        Arguments:")[0] + "    main (train.py:111)\n")) is None

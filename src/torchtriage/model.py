@@ -166,6 +166,7 @@ class RankPosition:
     process_group: str | None = None  # the process group it waits in, when the source names one
     seq: int | None = None  # that group's sequence number, when the source names one
     group_given: bool | None = None  # the caller passed the collective a group (True) or used the default
+    peer: int | None = None  # the rank a send or recv waits for (its dst or src), when the stack shows it
 
     @property
     def waiting(self) -> bool:

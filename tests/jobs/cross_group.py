@@ -14,6 +14,15 @@ the culprit departs as CASE says:
                          call the world all_reduce
     early_exit           it leaves the loop and waits in the world barrier of the end of training
 
+Two more cases run a pipeline instead: the world is cut into pairs of stages (2k sends its activations to
+2k+1 and receives the gradients back, `forward_stage` / `backward_stage`), then every rank all_reduces on
+the world (`sync_world`). The culprit departs in the pipeline:
+
+    skip_send            the second stage of its pair never sends the gradients back and goes on to
+                         the world all_reduce; the first stage waits in its recv
+    recv_before_send     the first stage receives the gradients before it sends the activations: both
+                         stages of the pair wait in a recv
+
 No rank is then simply missing from a collective the others wait in: the culprit waits in one group for
 peers that wait in another group for it (a cycle), and the other subgroups wait in the world all_reduce
 for the culprit's peers, which a majority rule per group would blame. The process-group timeout is 600 s, so the job hangs until it is killed; a worker
@@ -31,7 +40,8 @@ import torch.distributed as dist
 
 WARMUP_STEPS = 3
 SIZE = 1024
-CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit")
+CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit", "skip_send", "recv_before_send")
+PIPELINE = ("skip_send", "recv_before_send")
 
 
 def env_int(name: str, default: int) -> int:
@@ -70,6 +80,35 @@ def end_of_training() -> None:
     dist.barrier()  # the bug: it left the loop early, the others are still training
 
 
+def forward_stage(rank: int, activations: torch.Tensor, grads: torch.Tensor) -> None:
+    dist.send(activations, rank + 1)
+    dist.recv(grads, rank + 1)
+
+
+def backward_stage(rank: int, activations: torch.Tensor, grads: torch.Tensor, skip_send: bool) -> None:
+    dist.recv(activations, rank - 1)
+    if not skip_send:  # the bug when skip_send: the gradients never go back
+        dist.send(grads, rank - 1)
+
+
+def receive_first(rank: int, activations: torch.Tensor, grads: torch.Tensor) -> None:
+    dist.recv(grads, rank + 1)  # the bug: waits for the gradients of activations it has not sent
+    dist.send(activations, rank + 1)
+
+
+def pipeline_step(rank: int, culprit: int, case: str | None) -> bool:
+    activations, grads, loss = torch.ones(SIZE), torch.ones(SIZE), torch.ones(SIZE)
+    if rank % 2 == 0:
+        if rank == culprit and case == "recv_before_send":
+            receive_first(rank, activations, grads)
+        else:
+            forward_stage(rank, activations, grads)
+    else:
+        backward_stage(rank, activations, grads, skip_send=rank == culprit and case == "skip_send")
+    sync_world(loss)
+    return True
+
+
 def step(rank: int, culprit: int, case: str | None, subgroup) -> bool:
     """One training step; False when this rank leaves the loop."""
     grads, loss = torch.ones(SIZE), torch.ones(SIZE)  # one size: gloo aborts on a size mismatch, NCCL would hang
@@ -103,13 +142,14 @@ def main() -> None:
     subgroups = [dist.new_group(list(range(s, min(s + size, world)))) for s in range(0, world, size)]
     subgroup = subgroups[rank // size]
 
+    one_step = (lambda bug: pipeline_step(rank, culprit, bug)) if case in PIPELINE else (lambda bug: step(rank, culprit, bug, subgroup))
     for _ in range(WARMUP_STEPS):
-        step(rank, culprit, None, subgroup)
+        one_step(None)
     # One write, newline included, so the lines of concurrent ranks never interleave.
     sys.stdout.write(f"READY rank={rank} pid={os.getpid()}\n")
     sys.stdout.flush()
-    if step(rank, culprit, case, subgroup):
-        step(rank, culprit, None, subgroup)  # the next step: where ranks the bug did not stop go on to
+    if one_step(case):
+        one_step(None)  # the next step: where ranks the bug did not stop go on to
     else:
         end_of_training()
     print(f"UNHUNG rank={rank} case={case}", flush=True)

@@ -773,7 +773,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     # Per group, the majority can be the victims of a rank that waits in another group: where the graph
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
-    graph_leads = graph.kind == "cycle" or (graph.kind == "sink" and sorted(graph.culprits) != per_group)
+    graph_leads = graph.kind in ("cycle", "p2p") or (graph.kind == "sink" and sorted(graph.culprits) != per_group)
     if graph_leads:
         primary, collateral = [], primary + collateral
         for d in collateral:  # what a group's majority said is superseded: no side of it departed
@@ -889,6 +889,7 @@ _GRAPH_CONFIDENCE = {
     "its peers' program order": "medium",
     "its own program order, its peers keeping theirs": "high",
     "its own program order": "medium",
+    "the ops between its collectives, its peers keeping theirs": "high",
 }
 
 

@@ -160,17 +160,37 @@ def position_of(
     """One rank's position from one thread's frames (innermost first)."""
     state, op, where = classify_frames(frames, active)
     given = group_given(frames) if state == RankState.COLLECTIVE else None
+    peer = p2p_peer(frames, op) if state == RankState.COLLECTIVE and op in P2P_OPS else None
     return RankPosition(
-        rank, state, op, where, innermost_user_frame(frames), source, file, thread_name, group_given=given
+        rank, state, op, where, innermost_user_frame(frames), source, file, thread_name, group_given=given, peer=peer
     )
+
+
+# Point-to-point ops wait for one peer, not for a group: `src` of a recv, `dst` of a send (global ranks; the
+# `group_src` / `group_dst` forms are ranks of the group and are not read).
+P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
+_PEER_OF = {"send": "dst", "isend": "dst", "send_object_list": "dst", "recv": "src", "irecv": "src", "recv_object_list": "src"}
+
+
+def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
+    name = _PEER_OF.get(op or "")
+    for frame in frames:
+        if frame.native or not frame.locals or _function(frame) != op:
+            continue
+        for local in frame.locals:
+            if local.name == name and (local.repr or "").strip().isdigit():
+                return int(local.repr.strip())
+    return None
 
 
 # torch.distributed's collectives are wrapped by c10d_logger's `_exception_logger`, whose `args` and `kwargs`
 # are what the caller passed: py-spy --locals shows them. A `group` among the keyword arguments is a group
-# the caller chose; no keyword and a single positional argument (the tensor) is the default group. (The
+# the caller chose (`group=None` is the default); no keyword and a single positional argument (the tensor)
+# is the default group. (The
 # collective's own `group` local is the resolved group either way: it cannot tell.)
 _WRAPPER = "c10d_logger.py"
-_GROUP_KEYWORD = re.compile(r"""["']group["']\s*:""")
+_GROUP_KEYWORD = re.compile(r"""["']group["']\s*:\s*(?P<value>[^,}]*)""")
+_NONE = ("None", "<NoneType>")  # py-spy's repr and the watchdog's type name of `group=None`
 _ONE_ARGUMENT = re.compile(r"^\((?:<[^<>()]*>|[^,()<>]*),?\)$|^\(\)$")
 
 
@@ -183,7 +203,8 @@ def group_given(frames: Sequence[Frame]) -> bool | None:
         values = {local.name: local.repr or "" for local in frame.locals}
         if "kwargs" not in values:
             return None
-        if _GROUP_KEYWORD.search(values["kwargs"]):
+        keyword = _GROUP_KEYWORD.search(values["kwargs"])
+        if keyword and keyword.group("value").strip() not in _NONE:
             return True
         return False if _ONE_ARGUMENT.match(values.get("args", "").strip()) else None
     return None

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torchtriage.analysis.fusion import verdict_of
-from torchtriage.analysis.positions import classify_frames, describe, position_of
+from torchtriage.analysis.positions import P2P_OPS, classify_frames, describe, position_of
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack
@@ -136,6 +136,8 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
         )
         if len(waiting) > 1:
             findings.append(_disagreement(waiting, decided=False))
+    elif len(waiting) > 1 and not elsewhere and _in_p2p(waiting):
+        findings.append(_p2p_wait(waiting, found))
     elif len(waiting) > 1 and not elsewhere and _across_groups(waiting):
         culprits, confidence, finding = _across_groups_verdict(waiting)
         findings.append(finding)
@@ -154,6 +156,30 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
             findings.append(_disagreement(waiting, decided=False))
     findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks))
     return StackAnalysis(found, groups, findings, culprits, confidence)
+
+
+def _in_p2p(waiting: list[StackGroup]) -> bool:
+    return any(g.position.op in P2P_OPS for g in waiting)
+
+
+def _p2p_wait(waiting: list[StackGroup], found: Mapping[int, RankPosition]) -> Finding:
+    """A send or recv waits for one peer, not for a majority: no rank is blamed by number. The ranks in p2p
+    ops and the peers they name (py-spy's locals) are the candidates."""
+    in_p2p = sorted(r for g in waiting if g.position.op in P2P_OPS for r in g.ranks)
+    peers = sorted({p.peer for r in in_p2p if (p := found[r]).peer is not None} - set(in_p2p))
+    candidates = sorted(set(in_p2p) | set(peers))
+    named = f"; they wait for {format_ranks(peers)}" if peers else " (py-spy's --locals would name the peers)"
+    return Finding(
+        "stacks.different_collective",
+        candidates,
+        f"{format_ranks(in_p2p)} {'waits' if len(in_p2p) == 1 else 'wait'} in a send or recv{named}: "
+        f"{_groups_text(waiting)}. A p2p op waits for one peer, so numbers decide nothing here: the candidates "
+        "are the ranks in p2p ops and their peers (the flight recorder's op counts can decide)",
+        role="symptom",
+        category="hang",
+        evidence=_group_evidence(waiting),
+        facts={"undecided": True, "candidates": candidates},
+    )
 
 
 def _across_groups(waiting: list[StackGroup]) -> bool:

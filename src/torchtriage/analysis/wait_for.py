@@ -24,7 +24,8 @@ from torchtriage.model import Evidence, Finding
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.flight_recorder import LoadResult, RankDump
 
-_STATELESS = ("scheduled", "")  # gloo records every entry as scheduled: its states say nothing
+_STATELESS = ("scheduled", "")
+P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)  # gloo records every entry as scheduled: its states say nothing
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Program:
         self.reach: dict[str, int | None] = {name: _reach(dump, name) for name in dump.tracks}
         self.last = _last_op(dump)
         self.waiting: IssuedOp | None = _waiting(dump, self.last)
+        self.maybe_in_p2p = self.waiting is None and _likely_in_p2p(dump, self.last)
         self._ops: list[IssuedOp] | None = None
         self._shape: tuple | None = None
 
@@ -82,7 +84,7 @@ class WaitFor:
     edges: dict[int, frozenset[int]]  # rank -> the ranks it waits for (one set per op waited in, shared)
     unknown: dict[int, frozenset[int]]  # rank -> members of its group with no dump (they may be the ones)
     place_of: dict[int, tuple] = field(default_factory=dict)  # waiting rank -> the op it waits in
-    kind: str | None = None  # "sink" | "cycle" | None (nothing a graph can decide: every member joined)
+    kind: str | None = None  # "sink" | "cycle" | "p2p" (waited for in an unrecorded p2p op) | None
     culprits: list[int] = field(default_factory=list)
     candidates: list[int] = field(default_factory=list)
     cycle: list[int] = field(default_factory=list)
@@ -152,14 +154,51 @@ def _waiting(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
     if all(status is None for status in statuses.values()):
         return last  # no counters at all: a rank's last op is taken to be where it waits
     in_flight = [
-        (dump.tracks[name].indices[-1], name)
+        (dump.tracks[name].indices[-1], name, status)
         for name, status in statuses.items()
         if status is not None and status[2] < status[0] and dump.tracks[name].indices
     ]
     if not in_flight:
         return None
-    index, name = max(in_flight)
+    index, name, status = max(in_flight)
     return _op(dump, name, len(dump.tracks[name].indices) - 1)
+
+
+def unrecorded_between(dump: RankDump, name: str) -> list[int]:
+    """How many ops this rank issued in group `name` between each two of its recorded collectives, by their
+    op ids: the sends and recvs of a backend that records no p2p (gloo). Empty where the dump records p2p
+    ops or has no op ids."""
+    track = dump.tracks.get(name)
+    if track is None or dump.p2p.get(name) or len(track.op_ids) < 2 or min(track.op_ids) < 0:
+        return []
+    return [b - a - 1 for a, b in zip(track.op_ids, track.op_ids[1:])]
+
+
+def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], str, dict]:
+    """The rank that issued, between its last two collectives of group `name`, another number of unrecorded
+    ops (sends, recvs) than in each of its earlier steps, while every other rank kept its own number: it
+    skipped a send or recv (or added one)."""
+    departed: dict[int, tuple[int, int]] = {}
+    kept, unknown = set(), set()
+    for rank, program in programs.items():
+        gaps = unrecorded_between(program.dump, name)
+        earlier = set(gaps[:-1])
+        if len(gaps) >= 2 and len(earlier) == 1 and gaps[-1] not in earlier:
+            departed[rank] = (gaps[-1], next(iter(earlier)))
+        elif gaps and len(set(gaps)) == 1:
+            kept.add(rank)
+        else:
+            unknown.add(rank)
+    if not departed or unknown or len(departed) > 1:
+        return [], "undecided", {}
+    (rank, (issued, usual)), = departed.items()
+    return [rank], "the ops between its collectives, its peers keeping theirs", {"rank": rank, "unrecorded_ops": issued, "usually": usual}
+
+
+def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
+    """Idle by its counters, in a job whose steps put unrecorded ops (sends, recvs) between collectives: it
+    is more likely in one of them than in none."""
+    return last is not None and any(unrecorded_between(dump, last.group))
 
 
 def programs_of(load: LoadResult) -> dict[int, Program]:
@@ -198,7 +237,12 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
             # A collective cannot have completed while a member never issued it: the rank waited in it
             # until it timed out or failed (gloo then counts it completed), and dumped afterwards.
             program.waiting = program.last
+        elif program.waiting is None and program.maybe_in_p2p:
+            program.waiting = IssuedOp(program.last.group, program.last.seq, P2P_UNRECORDED, None, program.last.index, None)
         waiting = program.waiting
+        if waiting is not None and waiting.op == P2P_UNRECORDED:
+            graph.edges[rank], graph.unknown[rank] = nobody, frozenset(members_of(rank, waiting.group)) - {rank}
+            continue  # it waits for a peer its dump does not name
         absent, unknown = missing(rank, waiting) if waiting is not None else (nobody, nobody)
         graph.edges[rank], graph.unknown[rank] = absent, unknown - {rank}
         if waiting is not None:
@@ -261,6 +305,16 @@ def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
     sinks = sorted(m for m in waited if programs[m].waiting is None)
     if sinks:
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
+        return graph
+    in_p2p = sorted(m for m in waited if programs[m].waiting.op == P2P_UNRECORDED)
+    if in_p2p:
+        # The others wait for ranks that wait in a send or recv no dump records: its peer may be the rank
+        # that departed (a stage that skipped its send) or one of them may (a recv posted before its send).
+        graph.kind, graph.candidates, graph.decided_by = "p2p", in_p2p, "undecided"
+        departed, decided, detail = _p2p_departure(programs, programs[in_p2p[0]].waiting.group)
+        if departed:
+            graph.culprits, graph.decided_by, graph.departure = departed, decided, detail
+            graph.candidates = []
         return graph
     cycle = _deadlocked(graph)
     if not cycle:
@@ -428,6 +482,35 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             facts |= {"seq": last[0].seq + 1, "group": label_of(culprits[0], last[0].group)}
             if last[0].site:
                 facts["site"] = last[0].site
+    elif graph.kind == "p2p" and culprits:
+        rank, detail = culprits[0], graph.departure
+        in_p2p = sorted(r for r, p in programs.items() if p.waiting is not None and p.waiting.op == P2P_UNRECORDED)
+        last = programs[rank].last
+        where = f" before {last.describe(label_of(rank, last.group))}" if last else ""
+        message = (
+            f"{format_ranks(culprits)} departed: it issued {detail['unrecorded_ops']} send/recv op(s){where}, where "
+            f"each of its earlier steps issued {detail['usually']} (ops this backend's flight recorder counts but does "
+            f"not record, gloo) — a send or recv skipped; {format_ranks(in_p2p)} "
+            f"{'waits' if len(in_p2p) == 1 else 'wait'} in a send or recv, {_waits(graph, programs, label_of, waiting)}"
+        )
+        kind, evidence_ranks = "fr.p2p_skipped", [*culprits, *in_p2p]
+        if last:
+            facts |= {"seq": last.seq, "group": label_of(rank, last.group)}
+            if last.site:
+                facts["site"] = last.site
+    elif graph.kind == "p2p":
+        in_p2p = graph.candidates
+        who = "waits" if len(in_p2p) == 1 else "wait"
+        message = (
+            f"{_waits(graph, programs, label_of, waiting)}; {format_ranks(in_p2p)} {who} in a send or recv after "
+            f"{'its' if len(in_p2p) == 1 else 'their'} last collective, which this backend's flight recorder does not "
+            f"record (gloo): the {'peer it waits' if len(in_p2p) == 1 else 'peers they wait'} for "
+            f"{'is' if len(in_p2p) == 1 else 'are'} not in the dumps — {format_ranks(in_p2p)} and "
+            f"{'its peer are' if len(in_p2p) == 1 else 'their peers are'} the candidates (a stage that skipped its "
+            "send, or a recv posted before its send); the stacks name the peer (recv's src, send's dst)"
+        )
+        kind, evidence_ranks = "fr.waits_in_p2p", in_p2p
+        facts |= {"undecided": True, "candidates": in_p2p}
     else:
         kind, evidence_ranks = "fr.deadlock", graph.cycle
         cycle = _waits(graph, programs, label_of, graph.cycle)

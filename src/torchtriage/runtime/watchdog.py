@@ -72,10 +72,40 @@ def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled:
         # py-spy's statuses: a main thread that has not moved for the whole stall window is blocked.
         status = "idle" if stalled and ident == main_ident else "active"
         lines.append(f'Thread {ident:#x} ({status}): "{names.get(ident, "Thread")}"')
-        for summary in reversed(traceback.extract_stack(frame)):
-            lines.append(f"    {summary.name} ({summary.filename}:{summary.lineno})")
+        for each, lineno in traceback.walk_stack(frame):  # innermost first
+            code = each.f_code
+            lines.append(f"    {code.co_name} ({code.co_filename}:{lineno})")
+            lines += _c10d_arguments(each)
         lines.append("")
     return "\n".join(lines)
+
+
+# What the analysis reads of a torch.distributed frame (which group a collective was given, the peer of a
+# send or recv), in py-spy's `--locals` form. Only names, numbers and type names are written: no object's
+# repr is ever called (a tensor's would print it, and on a GPU wait for it).
+_C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
+_PEER_ARGUMENTS = ("src", "dst", "group_src", "group_dst", "tag")
+
+
+def _c10d_arguments(frame) -> list[str]:
+    filename = frame.f_code.co_filename.replace("\\", "/")
+    if not filename.endswith(_C10D_FILES):
+        return []
+    try:
+        values = dict(frame.f_locals)  # the frame is blocked in a C call: its locals do not move
+    except Exception:  # noqa: BLE001 - a frame that cannot show its locals shows none
+        return []
+    shown = []
+    if filename.endswith("c10d_logger.py") and "kwargs" in values and "args" in values:
+        args, kwargs = values["args"], values["kwargs"]
+        if isinstance(args, tuple) and isinstance(kwargs, dict):
+            shown.append(f"args: ({', '.join(f'<{type(a).__name__}>' for a in args)})")
+            shown.append("kwargs: {" + ", ".join(f'"{k}": <{type(v).__name__}>' for k, v in kwargs.items() if isinstance(k, str)) + "}")
+    for name in _PEER_ARGUMENTS:
+        value = values.get(name)
+        if type(value) is int:
+            shown.append(f"{name}: {value}")
+    return ["        Locals:", *(f"            {line}" for line in shown)] if shown else []
 
 
 class HangWatchdog:

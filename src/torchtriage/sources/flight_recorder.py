@@ -93,6 +93,9 @@ class Track:
     states: list[str] = field(default_factory=list)  # scheduled | started | completed
     sites: list[Frame | None] = field(default_factory=list)
     indices: list[int] = field(default_factory=list)  # position in the dump's entries (the first, if coalesced)
+    # op_id of each: one counter per group over every op, p2p included. Where the backend records no p2p
+    # (gloo), the ids a step skips are its sends and recvs.
+    op_ids: list[int] = field(default_factory=list)
     # all_to_all ops compare no sizes (each rank sends its own split); their totals are checked across ranks.
     a2a_numel: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (input numel, output numel)
 
@@ -126,6 +129,7 @@ class RankDump:
     # gloo records the world's ranks under a nameless placeholder, its default group's members before it had
     # a name: the digest of those ranks, which say which ranks the default group has when nothing else does.
     nameless_ranks: str | None = None
+
 
 
 class DumpProblem(NamedTuple):
@@ -476,6 +480,8 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
     if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
         ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
         _sent_ranks.update(ranks_text)
+    for track in ext.tracks.values():
+        track.op_ids = [_int(entries[i].get("op_id"), -1) if type(entries[i]) is dict else -1 for i in track.indices]
     return RankDump(
         path=path,
         rank=rank,
