@@ -29,7 +29,6 @@ import re
 import shutil
 import sys
 import tempfile
-import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -38,7 +37,13 @@ from measure import run_measured  # benchmarks/measure.py: run as scripts, this 
 CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit")
 LIB = "/opt/venv/lib/python3.12/site-packages/torch/distributed"
 JOB = "/workspace/train.py"
-LINES = {"sync_subgroup": 54, "sync_world": 58, "all_reduce_on_the_world_instead": 62, "wait_for_subgroup": 66, "end_of_training": 70}
+LINES = {
+    "sync_subgroup": 54,
+    "sync_world": 58,
+    "all_reduce_on_the_world_instead": 62,
+    "wait_for_subgroup": 66,
+    "end_of_training": 70,
+}
 
 
 def _frames(op: str, function: str) -> list[dict]:
@@ -63,7 +68,10 @@ def program(case: str, rank: int, world: int, culprit: int, steps: int) -> list[
         last = {
             "world_for_subgroup": [("0", "all_reduce", "all_reduce_on_the_world_instead", False)],
             "opposite_order": [("0", "all_reduce", "sync_world", False)],
-            "subgroup_barrier": [(sub, "all_reduce", "sync_subgroup", True), (sub, "barrier", "wait_for_subgroup", False)],
+            "subgroup_barrier": [
+                (sub, "all_reduce", "sync_subgroup", True),
+                (sub, "barrier", "wait_for_subgroup", False),
+            ],
             "early_exit": [("0", "barrier", "end_of_training", False)],
         }[case]
     elif in_culprits_half and case != "subgroup_barrier":
@@ -104,15 +112,29 @@ def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config
             }
         )
     own = {"0": config["0"], str(1 + rank // (world // 2)): config[str(1 + rank // (world // 2))]}
-    pg_status = {g: {"last_enqueued_collective": e, "last_started_collective": -1, "last_completed_collective": c} for g, (e, c) in status.items()}
-    dump = {"version": "2.10", "pg_config": own, "comm_lib_version": "2.28.9", "pg_status": pg_status, "entries": records}
+    pg_status = {
+        g: {"last_enqueued_collective": e, "last_started_collective": -1, "last_completed_collective": c}
+        for g, (e, c) in status.items()
+    }
+    dump = {
+        "version": "2.10",
+        "pg_config": own,
+        "comm_lib_version": "2.28.9",
+        "pg_status": pg_status,
+        "entries": records,
+    }
     return pickle.dumps(dump, protocol=2)
 
 
 def make_stack(case: str, rank: int, world: int, culprit: int) -> str:
     group, op, function, _ = program(case, rank, world, culprit, 1)[-1]
     frames = _frames(op, function)
-    lines = [f"Process {40000 + rank}: python {JOB}", "Python v3.12.3 (/opt/venv/bin/python3)", "", 'Thread 0x7f00 (idle): "MainThread"']
+    lines = [
+        f"Process {40000 + rank}: python {JOB}",
+        "Python v3.12.3 (/opt/venv/bin/python3)",
+        "",
+        'Thread 0x7f00 (idle): "MainThread"',
+    ]
     lines += [f"    {f['name']} ({f['filename']}:{f['line']})" for f in frames]
     return "\n".join(lines) + "\n"
 
@@ -137,7 +159,14 @@ def write_case(folder: Path, case: str, world: int, culprit: int, steps: int) ->
 
 def torch_fr_trace(folder: Path, timeout: float):
     """PyTorch's analyzer on the dumps: the ranks it blames ("Culprit rank N", "missing ranks: {...}")."""
-    command = [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder / "fr"), "-p", "nccl_trace_rank_"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.flight_recorder.fr_trace",
+        str(folder / "fr"),
+        "-p",
+        "nccl_trace_rank_",
+    ]
     done = run_measured(command, timeout, merge_stderr=True)
     blamed = {int(r) for r in re.findall(r"Culprit rank (\d+)", done["out"])}
     for listed in re.findall(r"missing ranks: \{([\d, ]*)\}", done["out"]):
@@ -153,8 +182,13 @@ def main() -> None:
     parser.add_argument("--torch", action="store_true", help="also run PyTorch's fr_trace on the dumps")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cross_group_"))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; {args.steps} steps, {2 * args.steps} entries per dump")
-    print(f"{'case':<20} {'ranks':>6}  {'culprit':>7}  {'named':<8} {'right':<5} {'time':>7} {'peak MB':>8}  decided by")
+    print(
+        f"python {sys.version.split()[0]}, {os.cpu_count()} cores; "
+        f"{args.steps} steps, {2 * args.steps} entries per dump"
+    )
+    print(
+        f"{'case':<20} {'ranks':>6}  {'culprit':>7}  {'named':<8} {'right':<5} {'time':>7} {'peak MB':>8}  decided by"
+    )
     wrong = 0
     try:
         for world in args.ranks:
@@ -168,13 +202,23 @@ def main() -> None:
                 right = named == [culprit]
                 wrong += not right
                 decided = verdict.get("facts", {}).get("flight_recorder", {}).get("decided_by", "")
-                print(f"{case:<20} {world:>6}  {culprit:>7}  {str(named):<8} {'yes' if right else 'NO':<5} {done['wall_s']:>6.2f}s {done['peak_mb']:>8.0f}  {decided}")
+                print(
+                    f"{case:<20} {world:>6}  {culprit:>7}  {str(named):<8} {'yes' if right else 'NO':<5} "
+                    f"{done['wall_s']:>6.2f}s {done['peak_mb']:>8.0f}  {decided}"
+                )
                 if args.torch:
                     theirs, blamed = torch_fr_trace(folder, 900)
                     shown = str(blamed) if len(blamed) < 4 else f"{len(blamed)} ranks"
-                    print(f"{'  PyTorch fr_trace':<20} {world:>6}  {culprit:>7}  {shown:<8} {'yes' if blamed == [culprit] else 'NO':<5} {theirs['wall_s']:>6.2f}s {theirs['peak_mb']:>8.0f}  ratio {theirs['wall_s'] / max(done['wall_s'], 1e-9):.1f}x")
+                    print(
+                        f"{'  PyTorch fr_trace':<20} {world:>6}  {culprit:>7}  {shown:<8} "
+                        f"{'yes' if blamed == [culprit] else 'NO':<5} {theirs['wall_s']:>6.2f}s "
+                        f"{theirs['peak_mb']:>8.0f}  ratio {theirs['wall_s'] / max(done['wall_s'], 1e-9):.1f}x"
+                    )
                 shutil.rmtree(folder)
-        print(f"\n{'every case right' if not wrong else f'{wrong} case(s) wrong'}; target at 16384 ranks: <= 10 s, <= 1024 MB")
+        print(
+            f"\n{'every case right' if not wrong else f'{wrong} case(s) wrong'}; "
+            "target at 16384 ranks: <= 10 s, <= 1024 MB"
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     sys.exit(1 if wrong else 0)

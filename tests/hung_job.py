@@ -24,8 +24,27 @@ def torchrun_command(ranks: int = 2, script: Path = HANG) -> list[str]:
     return [str(TORCHRUN), "--standalone", "--nproc_per_node", str(ranks), str(script)]
 
 
+# What a launcher sets for its workers: a job the tests start must not inherit them (its torchrun agent
+# would take itself for a rank).
+LAUNCHER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def clean_environment(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
+    return {**env, "PYTHONUNBUFFERED": "1", **extra}
+
+
 def job_environment(mode: str = "skip", culprit: int = 1) -> dict[str, str]:
-    return {**os.environ, "HANG_MODE": mode, "HANG_CULPRIT": str(culprit), "PYTHONUNBUFFERED": "1"}
+    return clean_environment(HANG_MODE=mode, HANG_CULPRIT=str(culprit))
 
 
 class HungJob:

@@ -107,7 +107,10 @@ CUT_AFTER_THE_DISTINCTIVE_PART = [
     ("Signal 11 (SIGSEGV) recei", "logs.fatal_signal"),  # elastic ProcessFailure
     ("[gpu3:812 :0:812] Caught signal 7 (Bus er", "environment.sigbus"),  # ucs/debug/debug.c
     ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:799] connect [10.1.2.3]:4", "gloo.connect_failed"),
-    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:575] Read error [10.0.0.2]:5", "gloo.peer_connection_closed"),
+    (
+        "RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:575] Read error [10.0.0.2]:5",
+        "gloo.peer_connection_closed",
+    ),
     ("Stalled ops: HorovodAllreduce_grad_dense_0 [miss", "hang.horovod_stall"),
     ("Exception: Current loss scale already at minimum - can", "nan_inf.loss_scale_exhausted"),
     ("NOTE: gradient overflow detected, ignoring gra", "nan_inf.loss_scale_overflow"),  # fairseq fp16_optimizer.py
@@ -118,6 +121,8 @@ CUT_AFTER_THE_DISTINCTIVE_PART = [
 ]
 
 
-@pytest.mark.parametrize(("line", "rule_id"), CUT_AFTER_THE_DISTINCTIVE_PART, ids=[r for _, r in CUT_AFTER_THE_DISTINCTIVE_PART])
+@pytest.mark.parametrize(
+    ("line", "rule_id"), CUT_AFTER_THE_DISTINCTIVE_PART, ids=[r for _, r in CUT_AFTER_THE_DISTINCTIVE_PART]
+)
 def test_a_line_cut_after_its_distinctive_part_reaches_its_rule(line, rule_id):
     assert rule_id in {e.rule.id for e in events_for(f"[rank3]:{line}\n")}

@@ -33,7 +33,10 @@ def run_setup_job(env: dict) -> tuple[str, dict[int, dict]]:
 @pytest.fixture
 def no_launcher(monkeypatch):
     for name in LAUNCH_VARS + SLURM_VARS:
-        monkeypatch.delenv(name, raising=False)
+        # Set, then removed: monkeypatch remembers the variable's state before, so whatever the code under
+        # test sets (RANK=5 from SLURM_PROCID) is undone too, and no later test's torchrun agent inherits it.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize(

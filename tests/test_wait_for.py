@@ -78,7 +78,9 @@ def test_the_flight_recorder_alone_names_it_and_the_line(case):
 
 def test_a_deadlock_says_who_waits_for_whom_and_which_rule_decided():
     found = verdict("fr", CROSS / "world_for_subgroup_c2_8r" / "fr")
-    assert found["summary"].startswith("deadlock across process groups: ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2;")
+    assert found["summary"].startswith(
+        "deadlock across process groups: ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2;"
+    )
     lead = found["findings"][0]
     assert lead["kind"] == "fr.deadlock"
     assert found["facts"]["decided_by"] == "its peers' program order and its own"
@@ -110,7 +112,13 @@ def test_a_rank_in_no_collective_that_others_wait_for_across_groups_is_the_sink(
     # Rank 1 finished its pair all_reduce and stopped; rank 0 waits in the world for it, ranks 2-3 too.
     pair = {"1": {"name": "1", "desc": "pair", "ranks": "[0, 1]"}}
     steps = [entry(1, pg="1", desc="pair", record=0), entry(1, record=1)]
-    write(tmp_path, 0, [*steps, entry(2, pg="1", desc="pair", record=2), entry(2, state="scheduled", record=3)], world=4, extra_pgs=pair)
+    write(
+        tmp_path,
+        0,
+        [*steps, entry(2, pg="1", desc="pair", record=2), entry(2, state="scheduled", record=3)],
+        world=4,
+        extra_pgs=pair,
+    )
     write(tmp_path, 1, [*steps, entry(2, pg="1", desc="pair", record=2)], world=4, extra_pgs=pair)
     for rank in (2, 3):
         write(tmp_path, rank, [entry(1, record=0), entry(2, state="scheduled", record=1)], world=4, extra_pgs=pair)
@@ -146,7 +154,10 @@ def test_a_pipeline_ranks_p2p_counter_does_not_hide_the_all_reduce_it_never_enqu
 
 def test_a_batch_one_rank_ran_is_not_an_op_mismatch_of_the_collective_before_it(tmp_path):
     marker = entry(3, op="coalesced", record=5, input_sizes=[], output_sizes=[])
-    sends = [entry(3, op="send 0->1", record=3, is_p2p=True, p2p_seq_id=1), entry(3, op="recv 0<-1", record=4, is_p2p=True, p2p_seq_id=1)]
+    sends = [
+        entry(3, op="send 0->1", record=3, is_p2p=True, p2p_seq_id=1),
+        entry(3, op="recv 0<-1", record=4, is_p2p=True, p2p_seq_id=1),
+    ]
     write(tmp_path, 0, [entry(1, record=0), entry(2, record=1), entry(3, record=2), *sends, marker])
     write(tmp_path, 1, [entry(1, record=0), entry(2, record=1), entry(3, record=2)])
     found = verdict_of(tmp_path)
@@ -207,13 +218,15 @@ def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgro
     import subprocess
     import sys
 
-    from hung_job import TORCHRUN
+    from hung_job import TORCHRUN, clean_environment
 
     job = FIXTURES.parent / "jobs" / "cross_group.py"
-    env = {**__import__("os").environ, "CASE": "world_for_subgroup", "CULPRIT": "0", "PYTHONUNBUFFERED": "1"}
+    env = clean_environment(CASE="world_for_subgroup", CULPRIT="0")
     command = [sys.executable, "-m", "torchtriage", "run", "--out", str(tmp_path), "--stall-seconds", "3", "--"]
     command += [str(TORCHRUN), "--standalone", "--nproc_per_node", "4", str(job)]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     try:
         found = _wait_for_verdict(tmp_path, [proc])
     finally:
@@ -226,24 +239,27 @@ def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgro
 def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tmp_path):
     # Two torchrun agents on one host, each under `torchtriage run` writing one folder, rendezvous
     # through c10d as two nodes would. Rank 11 (the second node) departs; its subgroup is ranks 8-15.
-    import os
     import socket
     import subprocess
     import sys
 
-    from hung_job import TORCHRUN
+    from hung_job import TORCHRUN, clean_environment
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     job = FIXTURES.parent / "jobs" / "cross_group.py"
-    env = {**os.environ, "CASE": "world_for_subgroup", "CULPRIT": "11", "PYTHONUNBUFFERED": "1"}
+    env = clean_environment(CASE="world_for_subgroup", CULPRIT="11")
     procs = []
     for node in (0, 1):
         command = [sys.executable, "-m", "torchtriage", "run", "--out", str(tmp_path), "--stall-seconds", "4", "--"]
         command += [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", str(node)]
         command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "cross", str(job)]
-        procs.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True))
+        procs.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
+        )
     try:
         found = _wait_for_verdict(tmp_path, procs, timeout=240)
     finally:
@@ -260,7 +276,15 @@ def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tm
 def p2p(seq_after, kind, src, dst, record, p2p_seq, state="completed", size=256):
     arrow = "->" if kind == "send" else "<-"
     me, peer = (src, dst) if kind == "send" else (dst, src)
-    return entry(seq_after, op=f"{kind} {me}{arrow}{peer}", record=record, is_p2p=True, p2p_seq_id=p2p_seq, state=state, size=size)
+    return entry(
+        seq_after,
+        op=f"{kind} {me}{arrow}{peer}",
+        record=record,
+        is_p2p=True,
+        p2p_seq_id=p2p_seq,
+        state=state,
+        size=size,
+    )
 
 
 def pipeline_step(rank, step, record, skip_send=False):
@@ -279,7 +303,12 @@ def pipeline_step(rank, step, record, skip_send=False):
 def test_a_stage_that_never_posted_its_send_and_has_no_p2p_entry_left_is_named(tmp_path):
     # Rank 1's buffer holds no p2p entry at all (it never got to post any): its missing send is still seen.
     write(tmp_path, 0, [p2p(0, "send", 0, 1, 0, 1), p2p(0, "recv", 1, 0, 1, 2, state="scheduled")])
-    write(tmp_path, 1, [entry(1, op="broadcast", record=0, state="completed", pg="1", desc="other")], extra_pgs={"1": {"name": "1", "desc": "other", "ranks": "[1]"}})
+    write(
+        tmp_path,
+        1,
+        [entry(1, op="broadcast", record=0, state="completed", pg="1", desc="other")],
+        extra_pgs={"1": {"name": "1", "desc": "other", "ranks": "[1]"}},
+    )
     found = verdict_of(tmp_path)
     assert found.culprit_ranks == [1]
     assert "rank 1 never posted the recv" in found.findings[0].message
@@ -323,7 +352,9 @@ def fr_exit_code(folder) -> int:
 # ------------------------------------------------------------------------------------ stacks alone (py-spy)
 
 
-def spy_dump(pid: int, function: str, line: int, kwargs: str, args: str = "(<Tensor at 0x7f00>)", op="all_reduce") -> str:
+def spy_dump(
+    pid: int, function: str, line: int, kwargs: str, args: str = "(<Tensor at 0x7f00>)", op="all_reduce"
+) -> str:
     """py-spy's `dump --locals` text (src/dump.rs): c10d_logger's wrapper shows what the caller passed."""
     return f"""Process {pid}: python train.py
 Python v3.11.7 (/usr/bin/python3.11)
@@ -395,7 +426,10 @@ def test_a_group_passed_by_position_is_not_read_as_the_default():
     assert group_given(frames(spy_dump(1, "f", 1, '{"group": None}'))) is False  # group=None: the default
     positional = spy_dump(1, "f", 1, "{}", args="(<Tensor at 0x7f00>, <RedOpType at 0x7f01>, <ProcessGroup at 0x7f20>)")
     assert group_given(frames(positional)) is None
-    assert group_given(frames(spy_dump(1, "f", 1, "{}").split("        Arguments:")[0] + "    main (train.py:111)\n")) is None
+    assert (
+        group_given(frames(spy_dump(1, "f", 1, "{}").split("        Arguments:")[0] + "    main (train.py:111)\n"))
+        is None
+    )
 
 
 @pytest.mark.slow

@@ -25,8 +25,8 @@ the world (`sync_world`). The culprit departs in the pipeline:
 
 No rank is then simply missing from a collective the others wait in: the culprit waits in one group for
 peers that wait in another group for it (a cycle), and the other subgroups wait in the world all_reduce
-for the culprit's peers, which a majority rule per group would blame. The process-group timeout is 600 s, so the job hangs until it is killed; a worker
-whose agent is gone exits within a second.
+for the culprit's peers, which a majority rule per group would blame. The process-group timeout is 600 s,
+so the job hangs until it is killed; a worker whose agent is gone exits within a second.
 """
 
 import os
@@ -142,7 +142,11 @@ def main() -> None:
     subgroups = [dist.new_group(list(range(s, min(s + size, world)))) for s in range(0, world, size)]
     subgroup = subgroups[rank // size]
 
-    one_step = (lambda bug: pipeline_step(rank, culprit, bug)) if case in PIPELINE else (lambda bug: step(rank, culprit, bug, subgroup))
+    one_step = (
+        (lambda bug: pipeline_step(rank, culprit, bug))
+        if case in PIPELINE
+        else (lambda bug: step(rank, culprit, bug, subgroup))
+    )
     for _ in range(WARMUP_STEPS):
         one_step(None)
     # One write, newline included, so the lines of concurrent ranks never interleave.

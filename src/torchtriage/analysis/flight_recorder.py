@@ -203,7 +203,7 @@ def _impossible_everywhere(group: Group, reps: list, signatures: dict[str, Signa
     """An op every rank called alike, with sizes no group of this size can run (an all_reduce whose output
     is not its input, an all_gather whose output is not input x group size): the call itself is wrong."""
     size = len(group.members)
-    for _, lookup, ranks in reps:
+    for _, lookup, _ranks in reps:
         for seq, key in sorted(lookup.items()):
             sig = signatures.get(key)
             if sig is not None and not _sizes_consistent(sig, size):
@@ -464,7 +464,9 @@ def _whole_from(dump: RankDump, group: Group) -> int | None:
     return track.seqs[0]
 
 
-def _first_unmatched(group: Group, src: int, dst: int, sends: list[P2POp], recvs: list[P2POp]) -> tuple[int, Disagreement] | None:
+def _first_unmatched(
+    group: Group, src: int, dst: int, sends: list[P2POp], recvs: list[P2POp]
+) -> tuple[int, Disagreement] | None:
     """The first send a->b without its recv (or the reverse, or with other sizes): (its collective, how)."""
     by_after: dict[int, list[list[P2POp]]] = defaultdict(lambda: [[], []])
     for op in sends:
@@ -825,7 +827,9 @@ def assess_dumps(load: LoadResult) -> Assessment:
     if graph_leads:
         summary = findings[0].message
     else:
-        summary = _summary(lead, culprits, findings, load) if findings or compared else _cannot_compare(load, groups, dumps)
+        summary = (
+            _summary(lead, culprits, findings, load) if findings or compared else _cannot_compare(load, groups, dumps)
+        )
     sources = [d.path for d in load.dumps]
     return Assessment(
         source="flight_recorder",
@@ -933,7 +937,12 @@ def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead
         waiting = programs[rank].waiting
         if culprit in targets and waiting is not None:
             group = groups.get(_group_key(dumps[rank], waiting.group))
-            facts["peers_wait_in"] = {"pg": waiting.group, "group": group.label if group else waiting.group, "seq": waiting.seq, "op": waiting.op}
+            facts["peers_wait_in"] = {
+                "pg": waiting.group,
+                "group": group.label if group else waiting.group,
+                "seq": waiting.seq,
+                "op": waiting.op,
+            }
             break
     return facts
 

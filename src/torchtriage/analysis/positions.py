@@ -169,7 +169,14 @@ def position_of(
 # Point-to-point ops wait for one peer, not for a group: `src` of a recv, `dst` of a send (global ranks; the
 # `group_src` / `group_dst` forms are ranks of the group and are not read).
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
-_PEER_OF = {"send": "dst", "isend": "dst", "send_object_list": "dst", "recv": "src", "irecv": "src", "recv_object_list": "src"}
+_PEER_OF = {
+    "send": "dst",
+    "isend": "dst",
+    "send_object_list": "dst",
+    "recv": "src",
+    "irecv": "src",
+    "recv_object_list": "src",
+}
 
 
 def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:

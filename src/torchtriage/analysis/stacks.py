@@ -197,7 +197,10 @@ def _across_groups_verdict(waiting: list[StackGroup]) -> tuple[list[int], str, F
     on_given = [g for g in waiting if g.position.group_given]
     blocked = sorted(r for g in on_given for r in g.ranks)
     sizes = sorted((len(g.ranks) for g in on_default), reverse=True)
-    where = f"{_groups_text(on_given)}: blocked in a group their caller passed, waiting for a member that is not in it; {_groups_text(on_default)}"
+    where = (
+        f"{_groups_text(on_given)}: blocked in a group their caller passed, waiting for a member that is not "
+        f"in it; {_groups_text(on_default)}"
+    )
     if len(sizes) > 1 and sizes[0] > sizes[1]:
         majority = max(on_default, key=lambda g: len(g.ranks))
         culprits = sorted(r for g in on_default if g is not majority for r in g.ranks)

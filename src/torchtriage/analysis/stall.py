@@ -110,7 +110,9 @@ def _meaningful(lines: list[tuple[int, str, int | None]], known: StallKnowledge)
     kept = []
     previous = None
     for item in lines:
-        echo = previous is not None and previous[0] == item[0] - 1 and item[1][:1].isspace() and known.warns(previous[1])
+        echo = (
+            previous is not None and previous[0] == item[0] - 1 and item[1][:1].isspace() and known.warns(previous[1])
+        )
         if not echo and not known.is_noise(item[1]):
             kept.append(item)
         previous = item

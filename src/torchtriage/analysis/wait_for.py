@@ -24,8 +24,8 @@ from torchtriage.model import Evidence, Finding
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.flight_recorder import LoadResult, RankDump
 
-_STATELESS = ("scheduled", "")
-P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)  # gloo records every entry as scheduled: its states say nothing
+_STATELESS = ("scheduled", "")  # gloo records every entry as scheduled: its states say nothing
+P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ def unrecorded_between(dump: RankDump, name: str) -> list[int]:
     track = dump.tracks.get(name)
     if track is None or dump.p2p.get(name) or len(track.op_ids) < 2 or min(track.op_ids) < 0:
         return []
-    return [b - a - 1 for a, b in zip(track.op_ids, track.op_ids[1:])]
+    return [b - a - 1 for a, b in zip(track.op_ids, track.op_ids[1:], strict=False)]
 
 
 def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], str, dict]:
@@ -191,8 +191,12 @@ def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], 
             unknown.add(rank)
     if not departed or unknown or len(departed) > 1:
         return [], "undecided", {}
-    (rank, (issued, usual)), = departed.items()
-    return [rank], "the ops between its collectives, its peers keeping theirs", {"rank": rank, "unrecorded_ops": issued, "usually": usual}
+    ((rank, (issued, usual)),) = departed.items()
+    return (
+        [rank],
+        "the ops between its collectives, its peers keeping theirs",
+        {"rank": rank, "unrecorded_ops": issued, "usually": usual},
+    )
 
 
 def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
@@ -238,7 +242,9 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
             # until it timed out or failed (gloo then counts it completed), and dumped afterwards.
             program.waiting = program.last
         elif program.waiting is None and program.maybe_in_p2p:
-            program.waiting = IssuedOp(program.last.group, program.last.seq, P2P_UNRECORDED, None, program.last.index, None)
+            program.waiting = IssuedOp(
+                program.last.group, program.last.seq, P2P_UNRECORDED, None, program.last.index, None
+            )
         waiting = program.waiting
         if waiting is not None and waiting.op == P2P_UNRECORDED:
             graph.edges[rank], graph.unknown[rank] = nobody, frozenset(members_of(rank, waiting.group)) - {rank}
@@ -354,7 +360,9 @@ def _upto_waiting(program: Program) -> list[IssuedOp]:
     return ops[: ops.index(program.waiting) + 1]
 
 
-def _after_last_shared(cycle: list[int], programs: dict[int, Program]) -> tuple[tuple[str, int] | None, dict[int, IssuedOp | None]]:
+def _after_last_shared(
+    cycle: list[int], programs: dict[int, Program]
+) -> tuple[tuple[str, int] | None, dict[int, IssuedOp | None]]:
     """The last op every rank of the cycle issued (group and seq), and each rank's op after it."""
     issued = {rank: _upto_waiting(programs[rank]) for rank in cycle}
     shared = set.intersection(*({(op.group, op.seq) for op in ops} for ops in issued.values()))
@@ -458,7 +466,10 @@ def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[i
     clauses = []
     for (group, seq, op, targets), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
         verb = "waits" if len(waiting) == 1 else "wait"
-        clauses.append(f"{format_ranks(waiting)} {verb} in {op} seq {seq} of {label_of(waiting[0], group)} for {format_ranks(list(targets))}")
+        clauses.append(
+            f"{format_ranks(waiting)} {verb} in {op} seq {seq} of {label_of(waiting[0], group)} "
+            f"for {format_ranks(list(targets))}"
+        )
     return "; ".join(clauses)
 
 
@@ -528,7 +539,10 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
                 said.append(f"where its peers issued {peers.describe(label_of(culprits[0], peers.group))}")
             elif departure.get("usually_next"):
                 group, op, site = departure["usually_next"][0]
-                said.append(f"where its earlier steps issued {op} of {label_of(culprits[0], group)}" + (f" at {site}" if site else ""))
+                said.append(
+                    f"where its earlier steps issued {op} of {label_of(culprits[0], group)}"
+                    + (f" at {site}" if site else "")
+                )
             message = (
                 f"deadlock across process groups: {cycle} — {format_ranks(culprits)} departed first "
                 f"({graph.decided_by}): {' '.join(said)}"
@@ -555,7 +569,13 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
         state = "waits in" if program.waiting is not None else "in no collective; its last op was"
         targets = f", for {format_ranks(sorted(graph.edges[rank]))}" if graph.edges[rank] else ""
         evidence.append(
-            Evidence("flight_recorder", path_of(rank), op.index, rank, f"{state} {op.describe(label_of(rank, op.group))}{targets}")
+            Evidence(
+                "flight_recorder",
+                path_of(rank),
+                op.index,
+                rank,
+                f"{state} {op.describe(label_of(rank, op.group))}{targets}",
+            )
         )
     blamed = culprits or graph.candidates
     return Finding(kind, blamed, message, "primary", "hang", evidence, facts, blames=bool(culprits))

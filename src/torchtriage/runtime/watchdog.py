@@ -100,7 +100,11 @@ def _c10d_arguments(frame) -> list[str]:
         args, kwargs = values["args"], values["kwargs"]
         if isinstance(args, tuple) and isinstance(kwargs, dict):
             shown.append(f"args: ({', '.join(f'<{type(a).__name__}>' for a in args)})")
-            shown.append("kwargs: {" + ", ".join(f'"{k}": <{type(v).__name__}>' for k, v in kwargs.items() if isinstance(k, str)) + "}")
+            shown.append(
+                "kwargs: {"
+                + ", ".join(f'"{k}": <{type(v).__name__}>' for k, v in kwargs.items() if isinstance(k, str))
+                + "}"
+            )
     for name in _PEER_ARGUMENTS:
         value = values.get(name)
         if type(value) is int:

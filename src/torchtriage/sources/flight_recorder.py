@@ -131,7 +131,6 @@ class RankDump:
     nameless_ranks: str | None = None
 
 
-
 class DumpProblem(NamedTuple):
     path: str
     message: str
@@ -391,7 +390,11 @@ def _pg_status(data: dict) -> dict[str, tuple[int, int, int]]:
 
 def _is_p2p_entry(entry) -> bool:
     flag = entry.get("is_p2p")
-    return bool(flag) if flag is not None else _split_name(str(entry.get("profiling_name", "")))[1].split(" ", 1)[0] in _P2P_OPS
+    return (
+        bool(flag)
+        if flag is not None
+        else _split_name(str(entry.get("profiling_name", "")))[1].split(" ", 1)[0] in _P2P_OPS
+    )
 
 
 def _without_p2p_markers(track: Track, entries: list) -> Track:

@@ -137,7 +137,7 @@ def _tag_length(line: bytes, following: bytes) -> int:
     """The length of the start both lines share up to a tag ("[  39.75] NVRM: "), or 0."""
     a, b = line[:96].translate(_DIGITS), following[:96].translate(_DIGITS)
     same = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         same += 1
@@ -189,7 +189,11 @@ def _whole_message(buffer: bytes, start: int, stop: int, end: int, floor: int) -
         stop = after
     if len(parts) == 1:
         return start, stop, line
-    return start, stop, b" ".join(part.rstrip(b"\r").rstrip() if i < len(parts) - 1 else part for i, part in enumerate(parts))
+    return (
+        start,
+        stop,
+        b" ".join(part.rstrip(b"\r").rstrip() if i < len(parts) - 1 else part for i, part in enumerate(parts)),
+    )
 
 
 # --- Logs hard-wrapped at a fixed width --------------------------------------------------------------
