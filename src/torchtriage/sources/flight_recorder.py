@@ -418,6 +418,19 @@ def _without_p2p_markers(track: Track, entries: list) -> Track:
     return kept
 
 
+_OP_ID = methodcaller("get", "op_id")
+
+
+def _add_op_ids(tracks: dict[str, Track], entries: list) -> None:
+    """Each collective's op_id, fetched as one column (a counter that is not an int reads as -1)."""
+    if not tracks:
+        return
+    column = list(map(_OP_ID, entries)) if set(map(type, entries)) == {dict} else [None] * len(entries)
+    for track in tracks.values():
+        ids = [column[i] for i in track.indices]
+        track.op_ids = ids if set(map(type, ids)) <= {int} else [_int(i, -1) for i in ids]
+
+
 def _finish_tracks(tracks: dict[str, Track], entries: list, signatures: dict[str, Signature]) -> None:
     """Drop empty tracks, merge coalesced ops, and note each all_to_all's own totals."""
     has_all_to_all = any(key.startswith(_ALL_TO_ALL) for key in signatures)
@@ -483,8 +496,7 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
     if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
         ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
         _sent_ranks.update(ranks_text)
-    for track in ext.tracks.values():
-        track.op_ids = [_int(entries[i].get("op_id"), -1) if type(entries[i]) is dict else -1 for i in track.indices]
+    _add_op_ids(ext.tracks, entries)
     return RankDump(
         path=path,
         rank=rank,
