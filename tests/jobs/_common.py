@@ -7,6 +7,7 @@ in the one bug they inject, so everything else lives here.
 
 import os
 import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -20,6 +21,18 @@ BATCH = 32
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
+
+
+def exit_when_orphaned() -> None:
+    """Exit within a second of the launcher's death: a job the tests leave hanging never outlives them."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="orphan-guard", daemon=True).start()
 
 
 def init(timeout_s: int = 10) -> tuple[int, int]:

@@ -31,33 +31,16 @@ so the job hangs until it is killed; a worker whose agent is gone exits within a
 
 import os
 import sys
-import threading
-import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from _common import env_int, exit_when_orphaned  # the job folder is on sys.path
 
 WARMUP_STEPS = 3
 SIZE = 1024
 CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit", "skip_send", "recv_before_send")
 PIPELINE = ("skip_send", "recv_before_send")
-
-
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
-
-
-def exit_when_orphaned() -> None:
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="orphan-guard", daemon=True).start()
 
 
 def sync_subgroup(grads: torch.Tensor, subgroup) -> None:

@@ -36,27 +36,12 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from _common import env_int, exit_when_orphaned  # the job folder is on sys.path
 
 WARMUP_STEPS = 3
 SIZE = 1024
 FOREVER_S = 3600
 MODES = ("skip", "op", "size", "barrier", "subgroup", "dataloader", "lock")
-
-
-def env_int(name: str, default: int) -> int:
-    value = os.environ.get(name)
-    return default if value in (None, "") else int(value)
-
-
-def exit_when_orphaned() -> None:
-    parent = os.getppid()
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="orphan-guard", daemon=True).start()
 
 
 def peer_all_reduce(tensor: torch.Tensor, group=None) -> None:
