@@ -26,7 +26,11 @@ BUG = {
     "early_exit": "end_of_training",
     "skip_send": "sync_world",  # where it went instead of sending: the sends themselves are not recorded
     "recv_before_send": None,  # both stages wait in a recv: nothing tells which departed
+    "batch_missing_op": "sync_world",
 }
+# A stage blocked in the Work.wait() of its batch_isend_irecv shows, in a Python-only stack, as idle in its
+# own code, like a sleep: the stacks then point at it, and the verdict (the flight recorder's) says less.
+CONFIDENCE = {"batch_missing_op": "medium"}
 UNDECIDABLE = ("recv_before_send",)
 
 
@@ -43,7 +47,7 @@ def verdict(verb: str, path) -> dict:
 
 def test_the_recordings_cover_every_case_rank_0_and_both_halves():
     seen = [truth(case) for case in CASES]
-    assert len(CASES) == 18
+    assert len(CASES) == 19
     assert {kind for kind, _, _ in seen} == set(BUG)
     assert any(culprit == 0 for _, culprit, _ in seen)
     assert any(culprit >= ranks // 2 for _, culprit, ranks in seen)  # a culprit in the second half
@@ -61,7 +65,7 @@ def test_post_mortem_names_the_rank_that_departed(case):
         assert found["facts"]["candidates"] == pair
         return
     assert found["culprit_ranks"] == [culprit]
-    assert found["confidence"] == "high"
+    assert found["confidence"] == CONFIDENCE.get(kind, "high")
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if truth(c)[0] not in UNDECIDABLE])

@@ -22,6 +22,8 @@ the world (`sync_world`). The culprit departs in the pipeline:
                          the world all_reduce; the first stage waits in its recv
     recv_before_send     the first stage receives the gradients before it sends the activations: both
                          stages of the pair wait in a recv
+    batch_missing_op     the stages exchange through batch_isend_irecv; the second stage's batch lacks
+                         the send of the gradients
 
 No rank is then simply missing from a collective the others wait in: the culprit waits in one group for
 peers that wait in another group for it (a cycle), and the other subgroups wait in the world all_reduce
@@ -39,8 +41,16 @@ from _common import env_int, exit_when_orphaned  # the job folder is on sys.path
 
 WARMUP_STEPS = 3
 SIZE = 1024
-CASES = ("world_for_subgroup", "opposite_order", "subgroup_barrier", "early_exit", "skip_send", "recv_before_send")
-PIPELINE = ("skip_send", "recv_before_send")
+CASES = (
+    "world_for_subgroup",
+    "opposite_order",
+    "subgroup_barrier",
+    "early_exit",
+    "skip_send",
+    "recv_before_send",
+    "batch_missing_op",
+)
+PIPELINE = ("skip_send", "recv_before_send", "batch_missing_op")
 
 
 def sync_subgroup(grads: torch.Tensor, subgroup) -> None:
@@ -79,9 +89,22 @@ def receive_first(rank: int, activations: torch.Tensor, grads: torch.Tensor) -> 
     dist.send(activations, rank + 1)
 
 
+def exchange_in_a_batch(rank: int, activations: torch.Tensor, grads: torch.Tensor, missing_send: bool) -> None:
+    if rank % 2 == 0:
+        ops = [dist.P2POp(dist.isend, activations, rank + 1), dist.P2POp(dist.irecv, grads, rank + 1)]
+    else:
+        ops = [dist.P2POp(dist.irecv, activations, rank - 1)]
+        if not missing_send:  # the bug when missing_send: the batch lacks the send of the gradients
+            ops.append(dist.P2POp(dist.isend, grads, rank - 1))
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
 def pipeline_step(rank: int, culprit: int, case: str | None) -> bool:
     activations, grads, loss = torch.ones(SIZE), torch.ones(SIZE), torch.ones(SIZE)
-    if rank % 2 == 0:
+    if case == "batch_missing_op" or os.environ.get("CASE") == "batch_missing_op":
+        exchange_in_a_batch(rank, activations, grads, missing_send=rank == culprit and case is not None)
+    elif rank % 2 == 0:
         if rank == culprit and case == "recv_before_send":
             receive_first(rank, activations, grads)
         else:
