@@ -28,9 +28,7 @@ BUG = {
     "recv_before_send": None,  # both stages wait in a recv: nothing tells which departed
     "batch_missing_op": "sync_world",
 }
-# A stage blocked in the Work.wait() of its batch_isend_irecv shows, in a Python-only stack, as idle in its
-# own code, like a sleep: the stacks then point at it, and the verdict (the flight recorder's) says less.
-CONFIDENCE = {"batch_missing_op": "medium"}
+
 UNDECIDABLE = ("recv_before_send",)
 
 
@@ -65,7 +63,7 @@ def test_post_mortem_names_the_rank_that_departed(case):
         assert found["facts"]["candidates"] == pair
         return
     assert found["culprit_ranks"] == [culprit]
-    assert found["confidence"] == CONFIDENCE.get(kind, "high")
+    assert found["confidence"] == "high"
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if truth(c)[0] not in UNDECIDABLE])
@@ -184,6 +182,20 @@ def test_the_stacks_of_a_pipeline_name_the_pair_never_the_stage_by_number(tmp_pa
     # Rank 0 waits in its recv from rank 1 (the watchdog writes recv's src); ranks 1-3 in the all_reduce.
     assert found["culprit_ranks"] == [] and found["confidence"] == "low"
     assert found["facts"]["candidates"] == [0, 1]
+
+
+def test_a_stage_blocked_in_the_wait_of_its_batch_is_waiting_not_idle(tmp_path):
+    # The watchdog names the C method a frame is calling on a c10d Work (`work.wait()` of batch_isend_irecv),
+    # which a Python stack cannot show: the stage is waiting, not idle in its own code.
+    import shutil
+
+    stacks = CROSS / "batch_missing_op_c1_4r"
+    assert "c10d::Work::wait" in (stacks / "rank00.txt").read_text()
+    for stack in stacks.glob("rank*.txt"):
+        shutil.copy(stack, tmp_path)
+    found = verdict("diagnose", tmp_path)
+    assert found["culprit_ranks"] == [] and found["confidence"] == "low"  # never rank 0 by number
+    assert 0 in found["facts"]["candidates"]
 
 
 # ------------------------------------------------------------------------------------------- live jobs

@@ -43,3 +43,38 @@ def test_a_stalled_main_thread_leaves_its_stack_and_a_verdict(tmp_path):
     verdict = (tmp_path / "verdict.json").read_text()
     assert '"culprit_ranks"' in verdict
     assert "torch" not in done.stderr
+
+
+def test_a_thread_blocked_in_a_works_wait_shows_the_c_method_it_is_in():
+    # `work.wait()` on a c10d Work is a C method: a Python stack shows only the caller, idle. The watchdog
+    # reads the call from the instruction the frame stopped at and the type of the local it was made on.
+    import sys
+    import threading
+    import time
+
+    from torchtriage.runtime.watchdog import format_stacks
+
+    class Work:  # stands for torch's c10d Work: a type named so, from torch, whose wait is a C call
+        pass
+
+    Work.__module__ = "torch.distributed.distributed_c10d"
+    lock = threading.Lock()
+    lock.acquire()
+    work = Work()
+    work.wait = lock.acquire  # a C method that blocks, as Work.wait does
+
+    def stage():
+        handle = work
+        handle.wait()
+
+    thread = threading.Thread(target=stage, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    try:
+        text = format_stacks({thread.ident: sys._current_frames()[thread.ident]}, thread.ident, stalled=True)
+    finally:
+        lock.release()
+        thread.join(5)
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("stage ("))
+    assert lines[at - 1].strip() == "c10d::Work::wait (Work.cpp:0)"

@@ -158,21 +158,26 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
     return StackAnalysis(found, groups, findings, culprits, confidence)
 
 
+# A wait on a Work whose op the stack does not show (an async collective's, a batch_isend_irecv's): like a
+# send or recv, it may wait for one peer, and numbers decide nothing.
+_UNSEEN_OP = "Work.wait"
+
+
 def _in_p2p(waiting: list[StackGroup]) -> bool:
-    return any(g.position.op in P2P_OPS for g in waiting)
+    return any(g.position.op in P2P_OPS or g.position.op == _UNSEEN_OP for g in waiting)
 
 
 def _p2p_wait(waiting: list[StackGroup], found: Mapping[int, RankPosition]) -> Finding:
     """A send or recv waits for one peer, not for a majority: no rank is blamed by number. The ranks in p2p
     ops and the peers they name (py-spy's locals) are the candidates."""
-    in_p2p = sorted(r for g in waiting if g.position.op in P2P_OPS for r in g.ranks)
+    in_p2p = sorted(r for g in waiting if g.position.op in P2P_OPS or g.position.op == _UNSEEN_OP for r in g.ranks)
     peers = sorted({p.peer for r in in_p2p if (p := found[r]).peer is not None} - set(in_p2p))
     candidates = sorted(set(in_p2p) | set(peers))
     named = f"; they wait for {format_ranks(peers)}" if peers else " (py-spy's --locals would name the peers)"
     return Finding(
         "stacks.different_collective",
         candidates,
-        f"{format_ranks(in_p2p)} {'waits' if len(in_p2p) == 1 else 'wait'} in a send or recv{named}: "
+        f"{format_ranks(in_p2p)} {'waits' if len(in_p2p) == 1 else 'wait'} in a send, a recv or a Work's wait{named}: "
         f"{_groups_text(waiting)}. A p2p op waits for one peer, so numbers decide nothing here: the candidates "
         "are the ranks in p2p ops and their peers (the flight recorder's op counts can decide)",
         role="symptom",

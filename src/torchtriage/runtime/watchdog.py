@@ -19,6 +19,7 @@ thread that holds the GIL forever, which no Python thread could observe.
 
 from __future__ import annotations
 
+import dis
 import faulthandler
 import json
 import os
@@ -72,6 +73,9 @@ def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled:
         # py-spy's statuses: a main thread that has not moved for the whole stall window is blocked.
         status = "idle" if stalled and ident == main_ident else "active"
         lines.append(f'Thread {ident:#x} ({status}): "{names.get(ident, "Thread")}"')
+        waiting_in = _c10d_wait_called(frame)
+        if waiting_in:
+            lines.append(f"    {waiting_in} (Work.cpp:0)")  # a native frame, as py-spy --native names it
         for each, lineno in traceback.walk_stack(frame):  # innermost first
             code = each.f_code
             lines.append(f"    {code.co_name} ({code.co_filename}:{lineno})")
@@ -85,6 +89,33 @@ def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled:
 # repr is ever called (a tensor's would print it, and on a GPU wait for it).
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
 _PEER_ARGUMENTS = ("src", "dst", "group_src", "group_dst", "tag")
+
+
+_WAIT_METHODS = ("wait", "synchronize")
+_LOADS = ("LOAD_FAST", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
+
+
+def _c10d_wait_called(frame) -> str | None:
+    """`c10d::Work::wait` when the innermost frame is calling `.wait()` on a c10d Work held in a local (the
+    work of an `async_op` collective or of `batch_isend_irecv`): a C method, invisible in a Python stack,
+    where the thread would otherwise look idle in its own code. Read from the instruction the frame stopped at
+    and the type of the local it was called on (no object is touched beyond its type)."""
+    try:
+        instructions = list(dis.get_instructions(frame.f_code))
+        at = next(i for i, ins in enumerate(instructions) if ins.offset >= frame.f_lasti)
+        for j in range(at, max(at - 6, 0), -1):
+            ins = instructions[j]
+            if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in _WAIT_METHODS:
+                owner = instructions[j - 1]
+                if owner.opname not in _LOADS:
+                    return None
+                kind = type(frame.f_locals.get(owner.argval))
+                if kind.__name__ == "Work" and kind.__module__.startswith("torch"):
+                    return f"c10d::Work::{ins.argval}"
+                return None
+    except Exception:  # noqa: BLE001 - an unusual frame: nothing is said about it
+        return None
+    return None
 
 
 def _c10d_arguments(frame) -> list[str]:
