@@ -126,3 +126,18 @@ CUT_AFTER_THE_DISTINCTIVE_PART = [
 )
 def test_a_line_cut_after_its_distinctive_part_reaches_its_rule(line, rule_id):
     assert rule_id in {e.rule.id for e in events_for(f"[rank3]:{line}\n")}
+
+
+def test_an_all_to_all_whose_splits_disagree_blames_the_rank_gloo_refused_not_its_peer(tmp_path):
+    from conftest import triage_json
+
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank1]: RuntimeError: [enforce fail at /__w/pytorch/pytorch/third_party/gloo/gloo/alltoallv.cc:138] "
+        "inLengthPerRank[myRank] == outLengthPerRank[myRank]. \n"
+        "[rank0]: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+        "closed by peer [127.0.0.1]:47818. This is typically caused by a remote worker crashing.\n"
+    )
+    code, verdict = triage_json(log)
+    assert verdict["culprit_ranks"] == [1]
+    assert verdict["findings"][0]["kind"] == "gloo.all_to_all_splits_mismatch"
