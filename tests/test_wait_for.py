@@ -251,10 +251,9 @@ def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgro
     assert found["facts"]["user_frame"]["function"] == "all_reduce_on_the_world_instead"
 
 
-@pytest.mark.slow
-def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tmp_path):
-    # Two torchrun agents on one host, each under `torchtriage run` writing one folder, rendezvous
-    # through c10d as two nodes would. Rank 11 (the second node) departs; its subgroup is ranks 8-15.
+def _two_agents(tmp_path, case: str, culprit: int, per_node: int) -> dict:
+    """Two torchrun agents on one host, each under `torchtriage run` writing one folder, meeting through c10d's
+    rendezvous as two nodes would."""
     import socket
     import subprocess
     import sys
@@ -265,11 +264,11 @@ def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tm
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     job = FIXTURES.parent / "jobs" / "cross_group.py"
-    env = clean_environment(CASE="world_for_subgroup", CULPRIT="11")
+    env = clean_environment(CASE=case, CULPRIT=str(culprit))
     procs = []
     for node in (0, 1):
         command = [sys.executable, "-m", "torchtriage", "run", "--out", str(tmp_path), "--stall-seconds", "4", "--"]
-        command += [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", "8", "--node_rank", str(node)]
+        command += [str(TORCHRUN), "--nnodes", "2", "--nproc_per_node", str(per_node), "--node_rank", str(node)]
         command += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "cross", str(job)]
         procs.append(
             subprocess.Popen(
@@ -280,10 +279,25 @@ def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tm
         found = _wait_for_verdict(tmp_path, procs, timeout=240)
     finally:
         _stop(procs)
-    dumps = sorted(p.name for p in (tmp_path / "hang" / "fr").iterdir())
-    assert (found["culprit_ranks"], found["confidence"]) == ([11], "high"), (found["summary"], dumps)
+    found["dumps"] = sorted(p.name for p in (tmp_path / "hang" / "fr").iterdir())
+    return found
+
+
+@pytest.mark.slow
+def test_sixteen_ranks_on_two_agents_acting_as_two_nodes_name_the_one_culprit(tmp_path):
+    # Rank 11 (the second node) departs; its subgroup is ranks 8-15.
+    found = _two_agents(tmp_path, "world_for_subgroup", 11, per_node=8)
+    assert (found["culprit_ranks"], found["confidence"]) == ([11], "high"), (found["summary"], found["dumps"])
     assert found["facts"]["flight_recorder"]["cycle"] == list(range(8, 16))
-    assert len(dumps) == 16
+    assert len(found["dumps"]) == 16
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "culprit"), [("opposite_order", 5), ("early_exit", 2), ("skip_send", 5)])
+def test_the_other_families_on_two_agents_name_the_same_culprit(tmp_path, case, culprit):
+    found = _two_agents(tmp_path, case, culprit, per_node=4)
+    assert (found["culprit_ranks"], found["confidence"]) == ([culprit], "high"), (found["summary"], found["dumps"])
+    assert len(found["dumps"]) == 8
 
 
 # ------------------------------------------------------------------------------- pipelines (p2p), NCCL layout
