@@ -23,7 +23,7 @@ import bisect
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from torchtriage.analysis import wait_for
+from torchtriage.analysis import wait_for, wait_for_findings
 from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import describe
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
@@ -805,7 +805,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     category = "nccl_timeout" if timed_out else "hang"
     for finding in findings:
         finding.category = category
-    facts = _load_facts(load, groups, all_missing, timed_out) | wait_for.facts(graph)
+    facts = _load_facts(load, groups, all_missing, timed_out) | wait_for_findings.facts(graph)
     where = rank_positions(load)
     facts["position_by_rank"] = {str(rank): describe(p) for rank, p in list(where.items())[:64]}
     blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
@@ -912,7 +912,7 @@ def _graph_finding(graph, programs, groups: dict, dumps: dict[int, RankDump]) ->
         group = groups.get(_group_key(dumps[rank], name))
         return group.label if group is not None else f"pg {name}"
 
-    return wait_for.finding(graph, programs, label_of, lambda rank: dumps[rank].path)
+    return wait_for_findings.finding(graph, programs, label_of, lambda rank: dumps[rank].path)
 
 
 def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead: Finding) -> dict:

@@ -1,0 +1,144 @@
+"""The wait-for graph's verdict in words: the finding that leads a hang across groups, and its facts.
+
+Pure: takes the graph and the programs `analysis.wait_for` built, and how to name a group and a rank's dump.
+"""
+
+from __future__ import annotations
+
+from torchtriage.analysis.wait_for import P2P_UNRECORDED, IssuedOp, Program, WaitFor
+from torchtriage.model import Evidence, Finding
+from torchtriage.ranks import format_ranks
+
+_MAX_EVIDENCE = 6
+
+
+def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[int]) -> str:
+    """'ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2; ...', one clause per place."""
+    by_place: dict[tuple, list[int]] = {}
+    for rank in ranks:
+        op = programs[rank].waiting
+        if op is not None:
+            by_place.setdefault((op.group, op.seq, op.op, tuple(sorted(graph.edges[rank]))), []).append(rank)
+    clauses = []
+    for (group, seq, op, targets), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
+        verb = "waits" if len(waiting) == 1 else "wait"
+        clauses.append(
+            f"{format_ranks(waiting)} {verb} in {op} seq {seq} of {label_of(waiting[0], group)} "
+            f"for {format_ranks(list(targets))}"
+        )
+    return "; ".join(clauses)
+
+
+def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> Finding:
+    """The graph's verdict as the finding that leads: who departed, with the ops that show it.
+
+    `label_of(rank, group name)` names a group for people; `path_of(rank)` is the rank's dump."""
+    waiting = sorted(r for r, targets in graph.edges.items() if targets)
+    culprits = graph.culprits
+    facts: dict = {"decided_by": graph.decided_by}
+    if graph.kind == "sink":
+        who = "waits" if len(culprits) == 1 else "wait"
+        last = [programs[r].last for r in culprits if programs[r].last is not None]
+        since = f" (its last op: {last[0].describe(label_of(culprits[0], last[0].group))})" if last else ""
+        message = (
+            f"{format_ranks(culprits)} {who} in no collective{since} while the others wait for it: "
+            f"{_waits(graph, programs, label_of, waiting)}"
+        )
+        kind, evidence_ranks = "fr.not_joined", culprits
+        if last:
+            facts |= {"seq": last[0].seq + 1, "group": label_of(culprits[0], last[0].group)}
+            if last[0].site:
+                facts["site"] = last[0].site
+    elif graph.kind == "p2p" and culprits:
+        rank, detail = culprits[0], graph.departure
+        in_p2p = sorted(r for r, p in programs.items() if p.waiting is not None and p.waiting.op == P2P_UNRECORDED)
+        last = programs[rank].last
+        where = f" before {last.describe(label_of(rank, last.group))}" if last else ""
+        message = (
+            f"{format_ranks(culprits)} departed: it issued {detail['unrecorded_ops']} send/recv op(s){where}, where "
+            f"each of its earlier steps issued {detail['usually']} (ops this backend's flight recorder counts but does "
+            f"not record, gloo) — a send or recv skipped; {format_ranks(in_p2p)} "
+            f"{'waits' if len(in_p2p) == 1 else 'wait'} in a send or recv, {_waits(graph, programs, label_of, waiting)}"
+        )
+        kind, evidence_ranks = "fr.p2p_skipped", [*culprits, *in_p2p]
+        if last:
+            facts |= {"seq": last.seq, "group": label_of(rank, last.group)}
+            if last.site:
+                facts["site"] = last.site
+    elif graph.kind == "p2p":
+        in_p2p = graph.candidates
+        who = "waits" if len(in_p2p) == 1 else "wait"
+        message = (
+            f"{_waits(graph, programs, label_of, waiting)}; {format_ranks(in_p2p)} {who} in a send or recv after "
+            f"{'its' if len(in_p2p) == 1 else 'their'} last collective, which this backend's flight recorder does not "
+            f"record (gloo): the {'peer it waits' if len(in_p2p) == 1 else 'peers they wait'} for "
+            f"{'is' if len(in_p2p) == 1 else 'are'} not in the dumps — {format_ranks(in_p2p)} and "
+            f"{'its peer are' if len(in_p2p) == 1 else 'their peers are'} the candidates (a stage that skipped its "
+            "send, or a recv posted before its send); the stacks name the peer (recv's src, send's dst)"
+        )
+        kind, evidence_ranks = "fr.waits_in_p2p", in_p2p
+        facts |= {"undecided": True, "candidates": in_p2p}
+    else:
+        kind, evidence_ranks = "fr.deadlock", graph.cycle
+        cycle = _waits(graph, programs, label_of, graph.cycle)
+        if culprits:
+            departure = graph.departure
+            issued: IssuedOp | None = departure.get("issued")
+            peers: IssuedOp | None = departure.get("peers_issued")
+            said = []
+            if issued is not None:
+                said.append(f"it issued {issued.describe(label_of(culprits[0], issued.group))}")
+                facts |= {"seq": issued.seq, "group": label_of(culprits[0], issued.group)}
+                if issued.site:
+                    facts["site"] = issued.site
+            if peers is not None:
+                said.append(f"where its peers issued {peers.describe(label_of(culprits[0], peers.group))}")
+            elif departure.get("usually_next"):
+                group, op, site = departure["usually_next"][0]
+                said.append(
+                    f"where its earlier steps issued {op} of {label_of(culprits[0], group)}"
+                    + (f" at {site}" if site else "")
+                )
+            message = (
+                f"deadlock across process groups: {cycle} — {format_ranks(culprits)} departed first "
+                f"({graph.decided_by}): {' '.join(said)}"
+            )
+        else:
+            message = (
+                f"deadlock across process groups: {cycle} — the programs of {format_ranks(graph.cycle)} do not tell "
+                "which departed first: they are the candidates"
+            )
+            facts["undecided"] = True
+            facts["candidates"] = graph.cycle
+        facts["cycle"] = graph.cycle
+    victims = sorted(set(waiting) - set(graph.cycle) - set(culprits))
+    if victims and graph.kind == "cycle":
+        message += f"; behind them, {_waits(graph, programs, label_of, victims)}"
+    if victims:
+        facts["waiting_on_it"] = format_ranks(victims)
+    evidence = []
+    for rank in [*culprits, *(r for r in evidence_ranks if r not in culprits)][:_MAX_EVIDENCE]:
+        program = programs[rank]
+        op = program.waiting or program.last
+        if op is None:
+            continue
+        state = "waits in" if program.waiting is not None else "in no collective; its last op was"
+        targets = f", for {format_ranks(sorted(graph.edges[rank]))}" if graph.edges[rank] else ""
+        evidence.append(
+            Evidence(
+                "flight_recorder",
+                path_of(rank),
+                op.index,
+                rank,
+                f"{state} {op.describe(label_of(rank, op.group))}{targets}",
+            )
+        )
+    blamed = culprits or graph.candidates
+    return Finding(kind, blamed, message, "primary", "hang", evidence, facts, blames=bool(culprits))
+
+
+def facts(graph: WaitFor) -> dict:
+    """The graph itself, for JSON readers: who waits for whom (at most 64 ranks)."""
+    waiting = [(rank, targets) for rank, targets in sorted(graph.edges.items()) if targets][:64]
+    shown = {str(rank): format_ranks(sorted(targets)) for rank, targets in waiting}
+    return {"waits_for": shown} | ({"cycle": graph.cycle} if graph.cycle else {})
