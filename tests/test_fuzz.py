@@ -38,6 +38,8 @@ Current thread 0x00007f3a4c8b9740 (most recent call first):
   File "/job/train.py", line 140 in <module>
 """
 JSON_DUMPS = FIXTURES / "fr/size_json_4r"
+CROSS = FIXTURES / "fr_cross_group/world_for_subgroup_c2_8r"
+PIPELINE = FIXTURES / "fr_cross_group/skip_send_c1_4r"
 LAYOUT_JSON = json.dumps({"world_size": 64, "gpus_per_node": 8, "parallelism": {"tp": 8, "pp": 2}}).encode()
 LAYOUT_YAML = b"world_size: 64\ngpus_per_node: 8\ntensor_model_parallel_size: 8\npipeline_model_parallel_size: 2\n"
 
@@ -61,6 +63,17 @@ KINDS = {
     "fr-pickle": (
         (H200 / "size/nccl_trace_rank_0").read_bytes(), "nccl_trace_rank_0", mutate_pickle, ["fr"],
         [_peer(H200 / "size/nccl_trace_rank_1", "nccl_trace_rank_1")], {0, 1, 3},
+    ),
+    # One rank of a hang across groups, its seven peers genuine: the wait-for graph and p2p counts on hostile
+    # entries (states, op ids, groups).
+    "fr-cross-group": (
+        (CROSS / "fr/nccl_trace_rank_2").read_bytes(), "nccl_trace_rank_2", mutate_pickle, ["fr"],
+        [_peer(CROSS / f"fr/nccl_trace_rank_{r}", f"nccl_trace_rank_{r}") for r in (0, 1, 3, 4, 5, 6, 7)], {0, 1, 3},
+    ),
+    # The watchdog's stacks, with the locals it writes (what c10d's wrapper was passed, recv's src).
+    "watchdog-stacks": (
+        (PIPELINE / "rank00.txt").read_bytes(), "rank00.txt", mutate_text, ["diagnose"],
+        [_peer(PIPELINE / f"rank0{r}.txt", f"rank0{r}.txt") for r in (1, 2, 3)], {0, 1, 3},
     ),
     "fr-json": (
         (JSON_DUMPS / "fr_dump_json_rank_0").read_bytes(), "fr_dump_json_rank_0", mutate_json,
