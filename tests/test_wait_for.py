@@ -365,6 +365,21 @@ def test_p2p_ops_are_aligned_after_each_collective_when_the_ring_buffers_wrapped
     assert "rank 1 never posted the send matching recv" in lead.message and "after collective 9" in lead.message
 
 
+@pytest.mark.parametrize(
+    ("op", "inputs", "outputs"),
+    [
+        ("all_reduce", [[1024]], [[512]]),  # an all_reduce's output is its input
+        ("all_gather", [[256]], [[256], [256], [256]]),  # a list all_gather of 3 tensors in a group of 4
+    ],
+)
+def test_other_ops_whose_sizes_no_group_can_run_are_not_agreement(tmp_path, op, inputs, outputs):
+    for rank in range(4):
+        entries = [entry(1, record=0), entry(2, op=op, record=1, input_sizes=inputs, output_sizes=outputs)]
+        write(tmp_path, rank, entries, world=4)
+    found = verdict_of(tmp_path)
+    assert found.findings[0].kind == "fr.size_mismatch" and "every rank alike" in found.findings[0].message
+
+
 def test_an_all_gather_whose_output_is_wrong_on_every_rank_alike_is_not_agreement(tmp_path):
     for rank in range(4):
         entries = [entry(1, record=0), entry(2, op="_all_gather_base", record=1, size=1024, output_sizes=[[2048]])]
