@@ -12,7 +12,7 @@ Pure: takes the loaded dumps, returns a `Verdict`. The reasoning, per process gr
 4. the culprit is the minority; an even split (two ranks) is decided by the call-site history: the side
    whose user call site departs from the ones it used for earlier seqs of the group; a side that stopped
    issuing ops loses against one waiting at its usual call site. Rank numbers never decide;
-5. p2p: the k-th send from a to b must meet the k-th recv at b from a, with the same sizes;
+5. p2p (`analysis.fr_p2p`): the k-th send from a to b must meet the k-th recv at b from a, with the same sizes;
 6. a group's culprits that are blocked in another group's disagreement (their last op is there, where they
    are on the joined side) are collateral: the cause is the other group's.
 """
@@ -21,51 +21,23 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from torchtriage.analysis import wait_for, wait_for_findings
+from torchtriage.analysis.fr_model import ABSENT, Disagreement, Group
+from torchtriage.analysis.fr_p2p import p2p_disagreement
 from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import describe
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
-from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump, Signature, Track
+from torchtriage.sources.flight_recorder import LoadResult, RankDump, Signature, Track
 
-ABSENT = "<not enqueued>"  # the rank never enqueued this seq
 _UNKNOWN = None  # before the rank's buffer start, or enqueued (pg_status) but not in the buffer
 _DEFAULT_PG_DESCS = ("default_pg",)
 _MAX_EVIDENCE = 4
 _MISMATCH_KINDS = ("not_joined", "op_mismatch", "size_mismatch", "dtype_mismatch", "state_mismatch")
 # A disagreement's kind is its finding's kind under this prefix: the rules in knowledge/rules/fr.toml.
 _KIND_PREFIX = "fr."
-
-
-@dataclass
-class Group:
-    name: str
-    desc: str
-    members: tuple[int, ...]
-    inferred: bool  # members guessed (no pg_config for it)
-    digest: str | None
-
-    @property
-    def label(self) -> str:
-        if self.desc and self.desc not in ("undefined", self.name):
-            return f"{self.desc} (pg {self.name})"
-        return f"pg {self.name}"
-
-
-@dataclass
-class Disagreement:
-    group: Group
-    seq: int
-    p2p: bool
-    sides: dict[str, list[int]]  # value (comparison key or ABSENT) -> ranks
-    expected: str | None  # the value the culprits depart from; None when undecided
-    culprits: list[int]
-    decided_by: str  # "majority" | "call-site history" | "stopped issuing" | "sizes" | "undecided"
-    kind: str = ""  # the finding kind of the culprits' side
-    note: str = ""
-    detail: dict = field(default_factory=dict)
 
 
 # ------------------------------------------------------------------------------------------------------ groups
@@ -413,100 +385,6 @@ def _kind(sides: dict[str, list[int]], expected: str | None, signatures: dict[st
     if any((o.input_dtypes, o.output_dtypes) != (reference.input_dtypes, reference.output_dtypes) for o in others):
         return "dtype_mismatch"
     return "op_mismatch"
-
-
-# ---------------------------------------------------------------------------------------------------------- p2p
-
-
-def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement | None:
-    """The k-th send a->b must meet the k-th recv at b from a, with the same sizes and dtypes.
-
-    Ring buffers drop their oldest records, so counting from each buffer's start would pair the wrong ops.
-    NCCL records on every p2p entry the group's last collective before it: the ops are counted after each
-    collective, in the span both buffers hold whole (after the oldest collective each still holds, or from
-    the start where a buffer never wrapped). A member whose dump holds no p2p op of the group posted none."""
-    local_to_global = list(group.members)
-    posted: dict[tuple[int, int], dict[str, list[P2POp]]] = defaultdict(lambda: {"send": [], "recv": []})
-    for rank in group.members:
-        dump = dumps.get(rank)
-        if dump is None:
-            continue
-        for op in dump.p2p.get(group.name, ()):
-            try:
-                src, dst = local_to_global[op.src], local_to_global[op.dst]
-            except IndexError:
-                continue
-            if (op.kind == "send" and rank == src) or (op.kind == "recv" and rank == dst):
-                posted[(src, dst)][op.kind].append(op)
-    found: list[tuple[int, Disagreement]] = []
-    for (src, dst), ops in sorted(posted.items()):
-        if src not in dumps or dst not in dumps or src == dst:
-            continue
-        floor = max(_whole_from(dumps[src], group), _whole_from(dumps[dst], group))
-        if floor is None:
-            continue  # a buffer wrapped and the group has no collective to count from: cannot be aligned
-        sends = [op for op in ops["send"] if op.after > floor]
-        recvs = [op for op in ops["recv"] if op.after > floor]
-        disagreement = _first_unmatched(group, src, dst, sends, recvs)
-        if disagreement is not None:
-            found.append(disagreement)
-    return min(found, key=lambda item: item[0])[1] if found else None
-
-
-def _whole_from(dump: RankDump, group: Group) -> int | None:
-    """The collective seq after which this rank's buffer holds every p2p op of the group: -1 when it never
-    wrapped; else the oldest collective it still holds (the ops after the one before it may be cut)."""
-    if not dump.first_record_id:
-        return -1
-    track = dump.tracks.get(group.name)
-    if track is None or not track.seqs:
-        return None
-    return track.seqs[0]
-
-
-def _first_unmatched(
-    group: Group, src: int, dst: int, sends: list[P2POp], recvs: list[P2POp]
-) -> tuple[int, Disagreement] | None:
-    """The first send a->b without its recv (or the reverse, or with other sizes): (its collective, how)."""
-    by_after: dict[int, list[list[P2POp]]] = defaultdict(lambda: [[], []])
-    for op in sends:
-        by_after[op.after][0].append(op)
-    for op in recvs:
-        by_after[op.after][1].append(op)
-    for after in sorted(by_after):
-        out, into = by_after[after]
-        for k in range(max(len(out), len(into))):
-            if k < len(out) and k < len(into):
-                send, recv = out[k], into[k]
-                if (send.sizes, send.dtypes) != (recv.sizes, recv.dtypes):
-                    return after, Disagreement(
-                        group,
-                        send.seq,
-                        True,
-                        {f"send {src}->{dst}": [src], f"recv {dst}<-{src}": [dst]},
-                        None,
-                        [],
-                        "undecided",
-                        "size_mismatch" if send.sizes != recv.sizes else "dtype_mismatch",
-                        f"send #{k + 1} after collective {after} from rank {src} to rank {dst} carries "
-                        f"{[list(s) for s in send.sizes]} {list(send.dtypes)}, the matching recv expects "
-                        f"{[list(s) for s in recv.sizes]} {list(recv.dtypes)}",
-                    )
-                continue
-            op, missing, verb = (out[k], dst, "recv") if k < len(out) else (into[k], src, "send")
-            return after, Disagreement(
-                group,
-                op.seq,
-                True,
-                {"posted": [src if k < len(out) else dst], ABSENT: [missing]},
-                "posted",
-                [missing],
-                "stopped issuing",
-                "not_joined",
-                f"rank {missing} never posted the {verb} matching {'send' if k < len(out) else 'recv'} #{k + 1} "
-                f"after collective {after} from rank {src} to rank {dst}",
-            )
-    return None
 
 
 # ------------------------------------------------------------------------------------------------------ verdict

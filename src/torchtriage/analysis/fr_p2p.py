@@ -1,0 +1,102 @@
+"""Point-to-point ops in the flight recorder: the k-th send a->b must meet the k-th recv at b from a.
+
+Pure: takes one group and the loaded dumps, returns the first unmatched op as a `Disagreement`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from torchtriage.analysis.fr_model import ABSENT, Disagreement, Group
+from torchtriage.sources.flight_recorder import P2POp, RankDump
+
+
+def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement | None:
+    """The k-th send a->b must meet the k-th recv at b from a, with the same sizes and dtypes.
+
+    Ring buffers drop their oldest records, so counting from each buffer's start would pair the wrong ops.
+    NCCL records on every p2p entry the group's last collective before it: the ops are counted after each
+    collective, in the span both buffers hold whole (after the oldest collective each still holds, or from
+    the start where a buffer never wrapped). A member whose dump holds no p2p op of the group posted none."""
+    local_to_global = list(group.members)
+    posted: dict[tuple[int, int], dict[str, list[P2POp]]] = defaultdict(lambda: {"send": [], "recv": []})
+    for rank in group.members:
+        dump = dumps.get(rank)
+        if dump is None:
+            continue
+        for op in dump.p2p.get(group.name, ()):
+            try:
+                src, dst = local_to_global[op.src], local_to_global[op.dst]
+            except IndexError:
+                continue
+            if (op.kind == "send" and rank == src) or (op.kind == "recv" and rank == dst):
+                posted[(src, dst)][op.kind].append(op)
+    found: list[tuple[int, Disagreement]] = []
+    for (src, dst), ops in sorted(posted.items()):
+        if src not in dumps or dst not in dumps or src == dst:
+            continue
+        floor = max(_whole_from(dumps[src], group), _whole_from(dumps[dst], group))
+        if floor is None:
+            continue  # a buffer wrapped and the group has no collective to count from: cannot be aligned
+        sends = [op for op in ops["send"] if op.after > floor]
+        recvs = [op for op in ops["recv"] if op.after > floor]
+        disagreement = _first_unmatched(group, src, dst, sends, recvs)
+        if disagreement is not None:
+            found.append(disagreement)
+    return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def _whole_from(dump: RankDump, group: Group) -> int | None:
+    """The collective seq after which this rank's buffer holds every p2p op of the group: -1 when it never
+    wrapped; else the oldest collective it still holds (the ops after the one before it may be cut)."""
+    if not dump.first_record_id:
+        return -1
+    track = dump.tracks.get(group.name)
+    if track is None or not track.seqs:
+        return None
+    return track.seqs[0]
+
+
+def _first_unmatched(
+    group: Group, src: int, dst: int, sends: list[P2POp], recvs: list[P2POp]
+) -> tuple[int, Disagreement] | None:
+    """The first send a->b without its recv (or the reverse, or with other sizes): (its collective, how)."""
+    by_after: dict[int, list[list[P2POp]]] = defaultdict(lambda: [[], []])
+    for op in sends:
+        by_after[op.after][0].append(op)
+    for op in recvs:
+        by_after[op.after][1].append(op)
+    for after in sorted(by_after):
+        out, into = by_after[after]
+        for k in range(max(len(out), len(into))):
+            if k < len(out) and k < len(into):
+                send, recv = out[k], into[k]
+                if (send.sizes, send.dtypes) != (recv.sizes, recv.dtypes):
+                    return after, Disagreement(
+                        group,
+                        send.seq,
+                        True,
+                        {f"send {src}->{dst}": [src], f"recv {dst}<-{src}": [dst]},
+                        None,
+                        [],
+                        "undecided",
+                        "size_mismatch" if send.sizes != recv.sizes else "dtype_mismatch",
+                        f"send #{k + 1} after collective {after} from rank {src} to rank {dst} carries "
+                        f"{[list(s) for s in send.sizes]} {list(send.dtypes)}, the matching recv expects "
+                        f"{[list(s) for s in recv.sizes]} {list(recv.dtypes)}",
+                    )
+                continue
+            op, missing, verb = (out[k], dst, "recv") if k < len(out) else (into[k], src, "send")
+            return after, Disagreement(
+                group,
+                op.seq,
+                True,
+                {"posted": [src if k < len(out) else dst], ABSENT: [missing]},
+                "posted",
+                [missing],
+                "stopped issuing",
+                "not_joined",
+                f"rank {missing} never posted the {verb} matching {'send' if k < len(out) else 'recv'} #{k + 1} "
+                f"after collective {after} from rank {src} to rank {dst}",
+            )
+    return None
