@@ -4,7 +4,7 @@ Pure: takes the loaded dumps, returns a `Verdict`. The reasoning, per process gr
 1. members from `pg_config` (gloo records none: the default group is then every rank up to the highest seen,
    a subgroup the ranks that recorded it); members without a dump are named and treated as unknown;
 2. align the ranks by `collective_seq_id` from the latest buffer start of any rank (ring buffers start at
-   different records), extending each rank's reach with its `pg_status` counter (`last_enqueued_collective`);
+   different records); a rank's `pg_status` counter says how far it got only where its entries are gone;
 3. ranks with identical op sequences form one class (a few classes even at thousands of ranks), and the
    classes are walked seq by seq to the first disagreement: ranks that never enqueued the op (`not_joined`),
    another op (`op_mismatch`), other sizes (`size_mismatch`), other dtypes (`dtype_mismatch`); failing
@@ -14,7 +14,9 @@ Pure: takes the loaded dumps, returns a `Verdict`. The reasoning, per process gr
    issuing ops loses against one waiting at its usual call site. Rank numbers never decide;
 5. p2p (`analysis.fr_p2p`): the k-th send from a to b must meet the k-th recv at b from a, with the same sizes;
 6. a group's culprits that are blocked in another group's disagreement (their last op is there, where they
-   are on the joined side) are collateral: the cause is the other group's.
+   are on the joined side) are collateral: the cause is the other group's;
+7. across groups, the wait-for graph (`analysis.wait_for`) leads wherever it decides otherwise than a group's
+   majority: a rank others wait for that waits in no collective, or the rank of a cycle that departed first.
 """
 
 from __future__ import annotations
