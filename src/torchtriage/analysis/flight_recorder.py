@@ -89,8 +89,7 @@ def _status_enqueued(dump: RankDump, name: str) -> int:
     track = dump.tracks.get(name)
     if track is not None and track.seqs:
         return -1
-    pg_id = dump.pg_ids.get(name, name)
-    status = dump.pg_status.get(pg_id)
+    status = dump.status(name)
     return status[0] if status else -1
 
 
@@ -402,11 +401,8 @@ def _entry_at(dump: RankDump, group: Group, seq: int) -> int | None:
 
 def _last_op(dump: RankDump) -> tuple[str, int] | None:
     """The group and seq of the last collective this rank enqueued (in record order)."""
-    best = None
-    for name, track in dump.tracks.items():
-        if track.indices and (best is None or track.indices[-1] > best[0]):
-            best = (track.indices[-1], name, track.seqs[-1])
-    return (best[1], best[2]) if best else None
+    last = wait_for.last_op(dump)
+    return (last.group, last.seq) if last else None
 
 
 def rank_positions(load: LoadResult) -> dict[int, RankPosition]:

@@ -53,7 +53,7 @@ class Program:
         self.rank = dump.rank
         self.dump = dump
         self.reach: dict[str, int | None] = {name: _reach(dump, name) for name in dump.tracks}
-        self.last = _last_op(dump)
+        self.last = last_op(dump)
         self.waiting: IssuedOp | None = _waiting(dump, self.last)
         self.maybe_in_p2p = self.waiting is None and _likely_in_p2p(dump, self.last)
         self._ops: list[IssuedOp] | None = None
@@ -94,7 +94,7 @@ class WaitFor:
 
 
 def _site(frame) -> str | None:
-    return f"{frame.short_file or frame.file}:{frame.line} in {frame.function}" if frame is not None else None
+    return f"{frame.site} in {frame.function}" if frame is not None else None
 
 
 def _op(dump: RankDump, name: str, i: int) -> IssuedOp:
@@ -110,13 +110,10 @@ def _program_ops(dump: RankDump) -> list[IssuedOp]:
     return ops
 
 
-def _last_op(dump: RankDump) -> IssuedOp | None:
+def last_op(dump: RankDump) -> IssuedOp | None:
+    """The last collective this rank enqueued, in record order."""
     last = max(((t.indices[-1], name) for name, t in dump.tracks.items() if t.indices), default=None)
     return _op(dump, last[1], len(dump.tracks[last[1]].indices) - 1) if last else None
-
-
-def _status(dump: RankDump, name: str) -> tuple[int, int, int] | None:
-    return dump.pg_status.get(dump.pg_ids.get(name, name))
 
 
 def _reach(dump: RankDump, name: str) -> int | None:
@@ -128,7 +125,7 @@ def _reach(dump: RankDump, name: str) -> int | None:
     track = dump.tracks.get(name)
     if track is not None and track.seqs:
         return track.seqs[-1]
-    status = _status(dump, name)
+    status = dump.status(name)
     if status is not None and status[0] >= 0:
         return status[0]  # no entry of the group left (an onlyActive dump): the counter is all there is
     if dump.first_record_id:
@@ -148,17 +145,17 @@ def _waiting(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
                 pending.append((track.indices[i], name, i))
         return _op(dump, *min(pending)[1:]) if pending else None
     # Gloo: the groups whose pg_status counts more ops enqueued than completed have one in flight.
-    statuses = {name: _status(dump, name) for name in dump.tracks}
+    statuses = {name: dump.status(name) for name in dump.tracks}
     if all(status is None for status in statuses.values()):
         return last  # no counters at all: a rank's last op is taken to be where it waits
     in_flight = [
-        (dump.tracks[name].indices[-1], name, status)
+        (dump.tracks[name].indices[-1], name)
         for name, status in statuses.items()
         if status is not None and status[2] < status[0] and dump.tracks[name].indices
     ]
     if not in_flight:
         return None
-    index, name, status = max(in_flight)
+    _, name = max(in_flight)  # the latest, in record order
     return _op(dump, name, len(dump.tracks[name].indices) - 1)
 
 
@@ -170,31 +167,6 @@ def unrecorded_between(dump: RankDump, name: str) -> list[int]:
     if track is None or dump.p2p.get(name) or len(track.op_ids) < 2 or min(track.op_ids) < 0:
         return []
     return [b - a - 1 for a, b in zip(track.op_ids, track.op_ids[1:], strict=False)]
-
-
-def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], str, dict]:
-    """The rank that issued, between its last two collectives of group `name`, another number of unrecorded
-    ops (sends, recvs) than in each of its earlier steps, while every other rank kept its own number: it
-    skipped a send or recv (or added one)."""
-    departed: dict[int, tuple[int, int]] = {}
-    kept, unknown = set(), set()
-    for rank, program in programs.items():
-        gaps = unrecorded_between(program.dump, name)
-        earlier = set(gaps[:-1])
-        if len(gaps) >= 2 and len(earlier) == 1 and gaps[-1] not in earlier:
-            departed[rank] = (gaps[-1], next(iter(earlier)))
-        elif gaps and len(set(gaps)) == 1:
-            kept.add(rank)
-        else:
-            unknown.add(rank)
-    if not departed or unknown or len(departed) > 1:
-        return [], "undecided", {}
-    ((rank, (issued, usual)),) = departed.items()
-    return (
-        [rank],
-        "the ops between its collectives, its peers keeping theirs",
-        {"rank": rank, "unrecorded_ops": issued, "usually": usual},
-    )
 
 
 def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
@@ -216,13 +188,15 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
     ranks every rank may wait in the same world collective."""
     places: dict[tuple, tuple[frozenset, frozenset]] = {}
 
+    def place(rank: int, op: IssuedOp) -> tuple:
+        return (op.group, op.seq, id(members_of(rank, op.group)))
+
     def missing(rank: int, op: IssuedOp) -> tuple[frozenset, frozenset]:
         """The members of op's group that never issued it, and those whose dumps cannot say."""
-        members = members_of(rank, op.group)
-        key = (op.group, op.seq, id(members))
+        key = place(rank, op)
         if key not in places:
             absent, unknown = [], []
-            for member in members:
+            for member in members_of(rank, op.group):
                 other = programs.get(member)
                 reach = other.reach.get(op.group, 0) if other is not None else None
                 if reach is None:
@@ -250,7 +224,7 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
         absent, unknown = missing(rank, waiting) if waiting is not None else (nobody, nobody)
         graph.edges[rank], graph.unknown[rank] = absent, unknown - {rank}
         if waiting is not None:
-            graph.place_of[rank] = (waiting.group, waiting.seq, id(members_of(rank, waiting.group)))
+            graph.place_of[rank] = place(rank, waiting)
     return graph
 
 
@@ -435,6 +409,31 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
+
+
+def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], str, dict]:
+    """The rank that issued, between its last two collectives of group `name`, another number of unrecorded
+    ops (sends, recvs) than in each of its earlier steps, while every other rank kept its own number: it
+    skipped a send or recv (or added one)."""
+    departed: dict[int, tuple[int, int]] = {}
+    kept, unknown = set(), set()
+    for rank, program in programs.items():
+        gaps = unrecorded_between(program.dump, name)
+        earlier = set(gaps[:-1])
+        if len(gaps) >= 2 and len(earlier) == 1 and gaps[-1] not in earlier:
+            departed[rank] = (gaps[-1], next(iter(earlier)))
+        elif gaps and len(set(gaps)) == 1:
+            kept.add(rank)
+        else:
+            unknown.add(rank)
+    if not departed or unknown or len(departed) > 1:
+        return [], "undecided", {}
+    ((rank, (issued, usual)),) = departed.items()
+    return (
+        [rank],
+        "the ops between its collectives, its peers keeping theirs",
+        {"rank": rank, "unrecorded_ops": issued, "usually": usual},
+    )
 
 
 def _issued(culprits: list[int], following: dict[int, IssuedOp | None], own: dict[int, tuple[IssuedOp, set]]) -> dict:

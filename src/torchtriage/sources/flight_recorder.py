@@ -130,6 +130,10 @@ class RankDump:
     # a name: the digest of those ranks, which say which ranks the default group has when nothing else does.
     nameless_ranks: str | None = None
 
+    def status(self, name: str) -> tuple[int, int, int] | None:
+        """The `pg_status` counters of the group named `name` (pg_status is keyed by pg_id)."""
+        return self.pg_status.get(self.pg_ids.get(name, name))
+
 
 class DumpProblem(NamedTuple):
     path: str
