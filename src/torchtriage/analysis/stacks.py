@@ -163,14 +163,18 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
 _UNSEEN_OP = "Work.wait"
 
 
+def _waits_for_one_peer(position: RankPosition) -> bool:
+    return position.op in P2P_OPS or position.op == _UNSEEN_OP
+
+
 def _in_p2p(waiting: list[StackGroup]) -> bool:
-    return any(g.position.op in P2P_OPS or g.position.op == _UNSEEN_OP for g in waiting)
+    return any(_waits_for_one_peer(g.position) for g in waiting)
 
 
 def _p2p_wait(waiting: list[StackGroup], found: Mapping[int, RankPosition]) -> Finding:
     """A send or recv waits for one peer, not for a majority: no rank is blamed by number. The ranks in p2p
     ops and the peers they name (py-spy's locals) are the candidates."""
-    in_p2p = sorted(r for g in waiting if g.position.op in P2P_OPS or g.position.op == _UNSEEN_OP for r in g.ranks)
+    in_p2p = sorted(r for g in waiting if _waits_for_one_peer(g.position) for r in g.ranks)
     peers = sorted({p.peer for r in in_p2p if (p := found[r]).peer is not None} - set(in_p2p))
     candidates = sorted(set(in_p2p) | set(peers))
     named = f"; they wait for {format_ranks(peers)}" if peers else " (py-spy's --locals would name the peers)"
@@ -198,16 +202,15 @@ def _across_groups_verdict(waiting: list[StackGroup]) -> tuple[list[int], str, F
     """The ranks on a passed group (a subgroup) wait there for a member that is not in it: blocked, never the
     culprit by number. Among the ranks on the default group, one place apart from a clear majority is the
     rank the subgroup waits for; with none, the stacks cannot tell which rank it is."""
-    on_default = [g for g in waiting if g.position.group_given is False]
+    on_default = [g for g in waiting if g.position.group_given is False]  # largest first, as `waiting`
     on_given = [g for g in waiting if g.position.group_given]
     blocked = sorted(r for g in on_given for r in g.ranks)
-    sizes = sorted((len(g.ranks) for g in on_default), reverse=True)
     where = (
         f"{_groups_text(on_given)}: blocked in a group their caller passed, waiting for a member that is not "
         f"in it; {_groups_text(on_default)}"
     )
-    if len(sizes) > 1 and sizes[0] > sizes[1]:
-        majority = max(on_default, key=lambda g: len(g.ranks))
+    if len(on_default) > 1 and len(on_default[0].ranks) > len(on_default[1].ranks):
+        majority = on_default[0]
         culprits = sorted(r for g in on_default if g is not majority for r in g.ranks)
         finding = Finding(
             "stacks.different_collective",
