@@ -168,7 +168,6 @@ def position_of(
 
 # Point-to-point ops wait for one peer, not for a group: `src` of a recv, `dst` of a send (global ranks; the
 # `group_src` / `group_dst` forms are ranks of the group and are not read).
-P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "send_object_list", "recv_object_list"})
 _PEER_OF = {
     "send": "dst",
     "isend": "dst",
@@ -177,6 +176,7 @@ _PEER_OF = {
     "irecv": "src",
     "recv_object_list": "src",
 }
+P2P_OPS = frozenset(_PEER_OF)
 
 
 def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
@@ -193,8 +193,7 @@ def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
 # torch.distributed's collectives are wrapped by c10d_logger's `_exception_logger`, whose `args` and `kwargs`
 # are what the caller passed: py-spy --locals shows them. A `group` among the keyword arguments is a group
 # the caller chose (`group=None` is the default); no keyword and a single positional argument (the tensor)
-# is the default group. (The
-# collective's own `group` local is the resolved group either way: it cannot tell.)
+# is the default group. (The collective's own `group` local is the resolved group either way: it cannot tell.)
 _WRAPPER = "c10d_logger.py"
 _GROUP_KEYWORD = re.compile(r"""["']group["']\s*:\s*(?P<value>[^,}]*)""")
 _NONE = ("None", "<NoneType>")  # py-spy's repr and the watchdog's type name of `group=None`
