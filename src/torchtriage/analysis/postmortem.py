@@ -64,16 +64,18 @@ def gather(paths: Iterable[str], skip: Iterable[str] = ()) -> RunInputs:
     """Discover every artifact under `paths` (leaving out `skip`, say the page being written)."""
     found = RunInputs()
     skipped = {str(Path(p).resolve()) for p in skip}
-    found.inputs = [i for i in discover(list(paths), found.problems) if str(Path(i.path).resolve()) not in skipped]
+    found.inputs = discover(list(paths), found.problems)
+    if skipped:  # resolving every path costs a second at 16,384 ranks: only when there is something to skip
+        found.inputs = [i for i in found.inputs if str(Path(i.path).resolve()) not in skipped]
     return found
 
 
 def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
     from torchtriage.analysis.stacks import analyze_stacks, assess_stacks
-    from torchtriage.sources.stacks import load_rank_stacks
+    from torchtriage.sources.stacks import load_stack_inputs
 
     problems: list[str] = []
-    run.stacks = load_rank_stacks(found.files(*STACK_KINDS), problems)
+    run.stacks = load_stack_inputs(found.of(*STACK_KINDS), problems)
     assessment = assess_stacks(analyze_stacks(run.stacks), files=found.files(*STACK_KINDS))
     assessment.problems += problems
     return assessment

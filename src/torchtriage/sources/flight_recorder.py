@@ -188,7 +188,6 @@ def _judge_frame(frame: Any) -> Frame | None:
     return site
 
 
-_UNSEEN = object()
 _RECENT_FRAMES = 8  # distinct frame lists remembered: a training step calls its collectives from a few lines
 
 
@@ -357,6 +356,22 @@ def _rank_of(data: dict, rank_hint: int | None) -> tuple[int, str]:
     return rank_hint, "file name"
 
 
+_digests: dict[str, str] = {}
+_DIGESTS_KEPT = 4096
+
+
+def _ranks_digest(text: str) -> str:
+    """A short digest of a group's ranks text, each distinct text hashed once per process: every dump of a
+    16,384-rank job repeats the world's 100 KB "[0, 1, ..., 16383]" (the text's own hash is cached, the
+    lookup costs a comparison)."""
+    digest = _digests.get(text)
+    if digest is None:
+        if len(_digests) >= _DIGESTS_KEPT:
+            _digests.clear()
+        digest = _digests[text] = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+    return digest
+
+
 def _pg_config(data: dict) -> tuple[dict[str, PGInfo], dict[str, str], str | None]:
     """The groups a dump configures (by name), their ranks' text by digest, and gloo's nameless placeholder."""
     pg_config: dict[str, PGInfo] = {}
@@ -371,7 +386,7 @@ def _pg_config(data: dict) -> tuple[dict[str, PGInfo], dict[str, str], str | Non
         if isinstance(text, (list, tuple)):
             text = str(list(text))
         if isinstance(text, str) and text.strip("[] "):
-            digest = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+            digest = _ranks_digest(text)
             ranks_text[digest] = text
         if not name:
             nameless_ranks = digest  # gloo's placeholder: no group of its own, but the world's ranks
@@ -667,11 +682,17 @@ def _keys_by_run(entries: list, coll, fields: list) -> tuple[list[str], dict[str
     backend = ""
     keys: list[str] = []
     key_cache = _key_cache
+    recent: list[tuple[tuple, str]] = []  # a step alternates between a few ops: compared, not formatted
     for a, b in _runs(fields):
-        raw = f"{fields[a]}"
-        key = key_cache.get(raw)
+        this = fields[a]
+        key = next((known_key for known, known_key in recent if known == this), None)
         if key is None:
-            key = key_cache[raw] = _new_key(entries[coll[a]], str(fields[a][0]))
+            raw = f"{this}"
+            key = key_cache.get(raw)
+            if key is None:
+                key = key_cache[raw] = _new_key(entries[coll[a]], str(this[0]))
+            recent.insert(0, (this, key))
+            del recent[_RECENT_FRAMES:]
         if key not in signatures:
             signatures[key] = _signature_of[key]
             if not backend:
@@ -731,13 +752,9 @@ def _extract_columns(entries: list, fetched: tuple[list, list | None] | None) ->
     has_frames = any(frame_col)
     sites: list[Frame | None] = [None] * len(coll) if not has_frames else []
     if has_frames:  # one call site per distinct frame list (`_shared_frames` made equal lists one object)
-        site_of: dict[int, Frame | None] = {}
-        for frames in frame_col:
-            key = id(frames)
-            site = site_of.get(key, _UNSEEN)
-            if site is _UNSEEN:
-                site = site_of[key] = _user_site(frames)
-            sites.append(site)
+        ids = list(map(id, frame_col))
+        site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
+        sites = list(map(site_of.__getitem__, ids))
     seqs = list(seq_col)
     if set(map(type, seqs)) != {int}:
         seqs = [seq if type(seq) is int else _int(seq) for seq in seqs]
@@ -760,10 +777,13 @@ def _latest_stamp(columns: Iterable[Iterable[Any]]) -> int:
     latest = 0
     for column in columns:
         stamps = list(filter(None, column))
-        if set(map(type, stamps)) <= {int, bool}:
-            latest = max(latest, *stamps) if stamps else latest
-        else:
-            latest = max([latest, *(stamp for stamp in stamps if isinstance(stamp, int))])
+        try:  # genuine stamps are all ints: one pass
+            newest = max(stamps, default=0)
+        except TypeError:
+            newest = None
+        if type(newest) is not int:  # text or floats among them: only the integers count
+            newest = max((stamp for stamp in stamps if isinstance(stamp, int)), default=0)
+        latest = max(latest, newest)
     return latest
 
 
@@ -883,6 +903,9 @@ def load_dump_files(
             results = [load_one(f) for f in files]
     finally:
         if collecting:
+            # The records stay alive for the whole analysis: frozen, the collections it triggers do not walk
+            # their millions of objects again and again (a second at 16,384 ranks). Freed as usual when dropped.
+            gc.freeze()
             gc.enable()
     dumps: list[RankDump] = []
     ranks_text: dict[str, str] = {}
@@ -893,7 +916,22 @@ def load_dump_files(
             ranks_text.update(result.ranks_text)
             result.ranks_text = {}
             dumps.append(result)
+    _share_sites(dumps)
     return LoadResult(_dedupe_ranks(dumps, problems), problems, ranks_text)
+
+
+def _share_sites(dumps: list[RankDump]) -> None:
+    """Make equal call sites one object across dumps. Each loading process shares its own; across them,
+    copies: made one, the analysis compares thousands of ranks' sites by identity instead of by value."""
+    shared: dict[Frame, Frame] = {}
+    for dump in dumps:
+        for track in dump.tracks.values():
+            sites = track.sites
+            distinct = dict(zip(map(id, sites), sites, strict=True))  # a track's sites are a few objects
+            if len(distinct) == 1 and None in distinct.values():
+                continue
+            canonical = {key: site if site is None else shared.setdefault(site, site) for key, site in distinct.items()}
+            track.sites = list(map(canonical.__getitem__, map(id, sites)))  # `sites` keeps the ids valid
 
 
 def _dedupe_ranks(dumps: list[RankDump], problems: list[DumpProblem]) -> list[RankDump]:

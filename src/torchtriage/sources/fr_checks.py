@@ -142,10 +142,8 @@ def _check_frames(column: tuple, size: int) -> None:
     """A list of frame dicts per entry; genuine dumps share frame lists and dicts between entries, so each
     distinct one is checked once."""
     values, _ = _present(column, _SEQUENCE, "frames", "a list of frames")
-    lists = values
-    if sum(map(len, values)) > size:  # lists shared between entries: each counted once
-        lists = _distinct(values)
-        _slots(lists, "frames", size)
+    lists = _distinct(values)  # the reader made equal lists one object: each is counted and checked once
+    _slots(lists, "frames", size)
     frames = _distinct(chain.from_iterable(lists))
     if set(map(type, frames)) - {dict}:
         raise FieldError("frames", next(f for f in frames if type(f) is not dict), "a frame (a dict)")

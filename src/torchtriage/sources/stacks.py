@@ -9,7 +9,7 @@ from torchtriage.errors import InputError
 from torchtriage.model import SourceKind
 from torchtriage.sources.faulthandler import parse_faulthandler
 from torchtriage.sources.pyspy import ProcessStack, read_rank_dump
-from torchtriage.sources.registry import discover, rank_from_name
+from torchtriage.sources.registry import Input, discover, rank_from_name
 from torchtriage.sources.streams import read_text
 
 _STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER)
@@ -43,6 +43,11 @@ def load_rank_stacks(paths: list[str | os.PathLike], problems: list[str] | None 
         raise InputError(
             f"no py-spy dumps (rank<N>.txt or rank<N>.json) or faulthandler dumps in {', '.join(map(str, paths))}"
         )
+    return load_stack_inputs(inputs, problems)
+
+
+def load_stack_inputs(inputs: list[Input], problems: list[str] | None = None) -> dict[int, ProcessStack]:
+    """`load_rank_stacks` of stack dumps already discovered (a folder of 16k ranks is not sniffed twice)."""
     chosen: dict[int, ProcessStack] = {}
     for item in inputs:
         try:
