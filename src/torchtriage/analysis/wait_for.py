@@ -22,7 +22,7 @@ from typing import Any
 
 from torchtriage.sources.flight_recorder import LoadResult, RankDump
 
-_STATELESS = ("scheduled", "")  # gloo records every entry as scheduled: its states say nothing
+_STATELESS = frozenset(("scheduled", ""))  # gloo records every entry as scheduled: its states say nothing
 P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)
 
 
@@ -62,10 +62,11 @@ class Program:
     @property
     def shape(self) -> tuple:
         """Equal for ranks whose dumps hold the same ops, in the same order and states: one reading serves
-        them all (half of 16k ranks may sit in one cycle, most of them alike)."""
+        them all (half of 16k ranks may sit in one cycle, most of them alike). Call sites count by identity
+        (the loader makes equal ones one object; hashing each frame would cost more than the reading)."""
         if self._shape is None:
             self._shape = tuple(
-                (name, tuple(t.seqs), tuple(t.keys), tuple(t.sites), tuple(t.indices), tuple(t.states))
+                (name, tuple(t.seqs), tuple(t.keys), tuple(map(id, t.sites)), tuple(t.indices), tuple(t.states))
                 for name, t in sorted(self.dump.tracks.items())
             ) + ((self.waiting.index if self.waiting else None),)
         return self._shape
@@ -136,7 +137,7 @@ def _reach(dump: RankDump, name: str) -> int | None:
 def _waiting(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
     if last is None:
         return None
-    if any(state not in _STATELESS for track in dump.tracks.values() for state in track.states):
+    if any(not _STATELESS.issuperset(track.states) for track in dump.tracks.values()):
         # A backend that records states (NCCL): the first op that has not completed holds the rank.
         pending = []
         for name, track in dump.tracks.items():

@@ -15,16 +15,28 @@ _MAX_EVIDENCE = 6
 def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[int]) -> str:
     """'ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2; ...', one clause per place."""
     by_place: dict[tuple, list[int]] = {}
+    # The ranks waiting in one op share one set of targets (thousands of ranks, at 16k): each distinct set
+    # is sorted once and stands in the key by its number.
+    number_of_set: dict[int, int] = {}
+    number_of_targets: dict[tuple[int, ...], int] = {}
     for rank in ranks:
         op = programs[rank].waiting
         if op is not None:
-            by_place.setdefault((op.group, op.seq, op.op, tuple(sorted(graph.edges[rank]))), []).append(rank)
+            targets = graph.edges[rank]
+            number = number_of_set.get(id(targets))
+            if number is None:
+                number = number_of_set[id(targets)] = number_of_targets.setdefault(
+                    tuple(sorted(targets)), len(number_of_targets)
+                )
+            by_place.setdefault((op.group, op.seq, op.op, number), []).append(rank)
+    targets_numbered = list(number_of_targets)
     clauses = []
-    for (group, seq, op, targets), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
+    for (group, seq, op, number), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
+        targets = list(targets_numbered[number])
         verb = "waits" if len(waiting) == 1 else "wait"
         clauses.append(
             f"{format_ranks(waiting)} {verb} in {op} seq {seq} of {label_of(waiting[0], group)} "
-            f"for {format_ranks(list(targets))}"
+            f"for {format_ranks(targets)}"
         )
     return "; ".join(clauses)
 
