@@ -672,6 +672,10 @@ def assess_dumps(load: LoadResult) -> Assessment:
         findings.insert(0, _graph_finding(graph, programs, groups, dumps))
         culprits = list(graph.culprits)
         confidence = _GRAPH_CONFIDENCE.get(graph.decided_by, "medium") if culprits else "low"
+    unrecorded = _may_wait_unrecorded(culprits, programs, groups, dumps)
+    if unrecorded:
+        findings.append(_unrecorded_finding(unrecorded))
+        confidence = "medium" if confidence == "high" else confidence
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
     if not culprits and not graph_leads and all_missing and compared and _present_ranks_wait(groups, dumps):
         findings.append(_missing_dump(all_missing))
@@ -682,6 +686,8 @@ def assess_dumps(load: LoadResult) -> Assessment:
     for finding in findings:
         finding.category = category
     facts = _load_facts(load, groups, all_missing, timed_out) | wait_for_findings.facts(graph)
+    if unrecorded:
+        facts["may_wait_unrecorded"] = {str(rank): sorted(where) for rank, where in unrecorded.items()}
     where = rank_positions(load)
     facts["position_by_rank"] = {str(rank): describe(p) for rank, p in list(where.items())[:64]}
     blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
@@ -771,6 +777,50 @@ _GRAPH_CONFIDENCE = {
     "its own program order": "medium",
     "the ops between its collectives, its peers keeping theirs": "high",
 }
+
+
+def _may_wait_unrecorded(
+    culprits: list[int], programs: dict[int, wait_for.Program], groups: dict, dumps: dict[int, RankDump]
+) -> dict[int, list[str]]:
+    """The culprits blamed for waiting in no recorded op whose NCCL buffer cannot show that they do not.
+
+    ProcessGroupNCCL creates a communicator at its first use (unless the job initialised eagerly): a
+    collective bumps its sequence number, then blocks creating the communicator (the store exchange of its
+    unique id, then `ncclCommInitRank` with every member) and only then records its entry. A rank blocked
+    there leaves no entry; gloo, whose groups connect when created, would have recorded one. That can be
+    the first collective of a group the rank has no entry of, or the first send/recv to a peer (a pair's
+    communicator), where the job uses p2p at all."""
+    uses_p2p = any(dump.p2p for dump in dumps.values())
+    found: dict[int, list[str]] = {}
+    for rank in culprits:
+        dump, program = dumps.get(rank), programs.get(rank)
+        if dump is None or dump.backend != "nccl" or (program is not None and program.waiting is not None):
+            continue
+        unused = []
+        for name in dump.pg_config:
+            track, status = dump.tracks.get(name), dump.status(name)
+            if (track is None or not track.seqs) and (status is None or status[0] < 0):
+                group = groups.get(_group_key(dump, name))
+                unused.append(f"the first collective of {group.label if group is not None else f'pg {name}'}")
+        if uses_p2p:
+            unused.append("a first send/recv to a peer")
+        if unused:
+            found[rank] = unused
+    return found
+
+
+def _unrecorded_finding(unrecorded: dict[int, list[str]]) -> Finding:
+    ranks = sorted(unrecorded)
+    where = "; or ".join(unrecorded[ranks[0]][:4])
+    return Finding(
+        "fr.unrecorded_init",
+        ranks,
+        f"NCCL records an op only once its communicator exists: {format_ranks(ranks)} may be blocked creating one "
+        f"({where}) rather than in no op at all — its stack tells (with eager init, "
+        "`init_process_group(device_id=...)`, no op waits to create one)",
+        "symptom",
+        "hang",
+    )
 
 
 def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
