@@ -233,6 +233,9 @@ class Assessment:
     # The findings whose actions come first: the one that blames the culprits, then the lead.
     lead: Finding | None = None
     blaming: Finding | None = None
+    # Each rank's line in the user's code as this source saw it: fusion names the culprit's own line from
+    # whichever source holds it (a flight recorder read as JSON records no frames; a stack does).
+    user_frames: dict[int, Frame] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

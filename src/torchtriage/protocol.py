@@ -9,6 +9,7 @@ here, so neither imports the other.
     DIR/hang/fr/nccl_trace_rank_<N>   each rank's flight-recorder buffer at that moment
     DIR/hang/verdict.json, .txt    the fused verdict the first rank to notice wrote
     DIR/hang/REQUEST               created by `diagnose` to ask every armed rank for a fresh dump
+    DIR/debug_server.json          with --debug-server: the job's store address, for `diagnose --store`
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ FR_SUBDIR = "fr"
 FR_PREFIX = "nccl_trace_rank_"
 REQUEST_FILE = "REQUEST"
 VERDICT_STEM = "verdict"
+DEBUG_SERVER_ENV = "TORCHTRIAGE_DEBUG_SERVER"
+DEBUG_SERVER_FILE = "debug_server.json"
+# PyTorch's debug server registers each rank's worker URL in the job's store under this prefix
+# (torch/distributed/debug/_store.py); `run --debug-server` adds the world size under the second key.
+DEBUG_SERVER_STORE_PREFIX = "debug_server/"
+DEBUG_SERVER_WORLD_KEY = "torchtriage/debug_server/world_size"
 # Keys the watchdogs of one job share in its c10d store.
 WATCHDOG_STORE_PREFIX = "torchtriage/watchdog/"
 

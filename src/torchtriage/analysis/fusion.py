@@ -23,10 +23,11 @@ from torchtriage.model import Assessment, Category, Confidence, Finding, Role, V
 from torchtriage.ranks import format_ranks
 
 # Every source, in the order their findings are listed.
-SOURCES = ("logs", "flight_recorder", "stacks", "memory_snapshot", "profiler_trace", "nvlink")
+SOURCES = ("logs", "flight_recorder", "stacks", "memory_snapshot", "profiler_trace", "nvlink", "debug_server")
 # The sources a hang verdict is made of (diagnose's three), and the order they are trusted to name its culprit.
 HANG_SOURCES = ("logs", "flight_recorder", "stacks")
-_CULPRIT_TRUST = ("flight_recorder", "stacks", "logs")
+# The debug server names only the ranks that did not answer: trusted when nothing else names a culprit.
+_CULPRIT_TRUST = ("flight_recorder", "stacks", "logs", "debug_server")
 # Which source is preferred when several name a failure that is a cause in itself.
 _CAUSE_ORDER = ("logs", "memory_snapshot", "nvlink", "flight_recorder", "stacks", "profiler_trace")
 _HANG_FAMILY = (Category.HANG, Category.NCCL_TIMEOUT, Category.UNKNOWN)
@@ -39,6 +40,7 @@ _LABEL = {
     "memory_snapshot": "the memory snapshots",
     "profiler_trace": "the profiler traces",
     "nvlink": "the NVLink check",
+    "debug_server": "the debug servers",
 }
 
 
@@ -183,6 +185,10 @@ def fuse(
         frame = next((a.facts["user_frame"] for a in [lead, *others] if "user_frame" in a.facts), None)
         if frame is not None and culprits and frame.get("rank") in culprits:
             facts["user_frame"] = frame
+        elif len(culprits) == 1:  # the culprit's own line, from a source that saw it
+            own = next((a.user_frames[culprits[0]] for a in [lead, *others] if culprits[0] in a.user_frames), None)
+            if own is not None:
+                facts["user_frame"] = own.to_fact(culprits[0])
         if not culprits and lead.facts.get("candidates"):
             facts["candidates"] = lead.facts["candidates"]
 

@@ -116,10 +116,15 @@ _ANALYZERS: tuple[tuple[str, tuple[SourceKind, ...], Callable[[RunInputs, RunAna
 )
 
 
-def analyse_run(found: RunInputs, on_snapshot: Callable[[Any, Any], None] | None = None) -> RunAnalysis:
-    """Assess every kind of artifact found and fuse them. `on_snapshot(snapshot, report)` sees each
-    memory snapshot while it is in memory (the report draws it; it is not kept)."""
-    run = RunAnalysis(Verdict(Category.UNKNOWN, [], ""), [])
+def analyse_run(
+    found: RunInputs,
+    on_snapshot: Callable[[Any, Any], None] | None = None,
+    collected: Iterable[Assessment] = (),
+) -> RunAnalysis:
+    """Assess every kind of artifact found and fuse them, with what a live collector `collected` said by
+    itself. `on_snapshot(snapshot, report)` sees each memory snapshot while it is in memory (the report draws
+    it; it is not kept)."""
+    run = RunAnalysis(Verdict(Category.UNKNOWN, [], ""), list(collected))
     reasons = dict(_MISSING)
     problems = list(found.problems)
     for name, kinds, analyzer in _ANALYZERS:
@@ -173,7 +178,13 @@ def _headline_snapshot(assessments: list[Assessment]) -> Assessment:
     return merged
 
 
-def diagnose_paths(paths: list[str], extra_logs: list[str] | None = None, skip: Iterable[str] = ()) -> Verdict:
-    """The fused verdict of every artifact under `paths` and `extra_logs`. Raises InputError when none is readable."""
+def diagnose_paths(
+    paths: list[str],
+    extra_logs: list[str] | None = None,
+    skip: Iterable[str] = (),
+    collected: Iterable[Assessment] = (),
+) -> Verdict:
+    """The fused verdict of every artifact under `paths` and `extra_logs` (and of what a live collector
+    said by itself). Raises InputError when none is readable."""
     found = gather(list(paths) + list(extra_logs or []), skip)
-    return analyse_run(found).verdict
+    return analyse_run(found, collected=collected).verdict

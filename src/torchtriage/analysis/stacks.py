@@ -343,4 +343,5 @@ def assess_stacks(analysis: StackAnalysis, files: list[str] | None = None) -> As
         files=files or sorted({p.file for p in analysis.positions.values()}),
         lead=primary[0] if primary else (analysis.findings[0] if analysis.findings else None),
         blaming=blaming,
+        user_frames={r: p.user_frame for r, p in analysis.positions.items() if p.user_frame is not None},
     )

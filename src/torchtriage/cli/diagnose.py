@@ -18,6 +18,7 @@ from torchtriage.cli.common import (
     add_json,
     add_paths,
     check_paths,
+    number,
     print_verdict,
     verdict_exit,
     write_verdict,
@@ -36,6 +37,18 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--fr", action="append", metavar="DIR", default=[], help="flight-recorder dumps to read")
     parser.add_argument("--logs", action="append", metavar="PATH", default=[], help="logs to read")
+    parser.add_argument(
+        "--store",
+        metavar="HOST:PORT",
+        help="live, every node: the job's store (MASTER_ADDR:MASTER_PORT); each rank's PyTorch debug server "
+        "registered there is asked for its stack and flight recorder",
+    )
+    parser.add_argument(
+        "--world-size",
+        type=number(int, 1, 1 << 24, "a number of ranks"),
+        metavar="N",
+        help="with --store: the job's ranks (default: as registered)",
+    )
     parser.add_argument("--out", metavar="DIR", help="live: where the captured stacks go")
     parser.add_argument("--native", action="store_true", help="live: include native frames (slower)")
     parser.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="live: per-rank py-spy timeout")
@@ -48,10 +61,23 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.paths and args.pid:
-        raise UsageError("give PATHs (post-mortem) or --pid (live), not both.")
+    if sum(map(bool, (args.paths, args.pid, args.store))) > 1:
+        raise UsageError("give one of PATHs (post-mortem), --pid (live, this node) or --store (live, every node).")
+    if args.world_size and not args.store:
+        raise UsageError("--world-size goes with --store.")
     check_paths(list(args.paths) + args.fr + args.logs)
-    if args.paths:
+    if args.store:
+        from torchtriage.collect.live import diagnose_from_store
+
+        verdict = diagnose_from_store(
+            args.store,
+            Path(args.out) if args.out else None,
+            world_size=args.world_size,
+            timeout_s=args.timeout,
+            extra_paths=args.fr,
+            logs=args.logs,
+        )
+    elif args.paths:
         verdict = diagnose_paths(list(args.paths) + args.fr, extra_logs=args.logs)
     else:
         from torchtriage.collect.live import diagnose_live

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,16 @@ from pathlib import Path
 import torchtriage
 from torchtriage.cli.common import SECONDS
 from torchtriage.errors import EnvironmentProblem, UsageError
-from torchtriage.protocol import FR_PREFIX, FR_SUBDIR, RUN_DIR_ENV, STALL_SECONDS_ENV, VERDICT_STEM, hang_dir
+from torchtriage.protocol import (
+    DEBUG_SERVER_ENV,
+    DEBUG_SERVER_FILE,
+    FR_PREFIX,
+    FR_SUBDIR,
+    RUN_DIR_ENV,
+    STALL_SECONDS_ENV,
+    VERDICT_STEM,
+    hang_dir,
+)
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "inject"
 
@@ -34,6 +44,12 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         type=SECONDS,
         default=300.0,
         help="seconds without progress before a rank counts as stalled (default 300)",
+    )
+    parser.add_argument(
+        "--debug-server",
+        action="store_true",
+        help="start PyTorch's debug-server worker in every rank (torch >= 2.10), so that "
+        "`torchtriage diagnose --store HOST:PORT` reaches every node; the address lands in DIR/debug_server.json",
     )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- LAUNCHER ARGS", help="the launcher and its arguments, after --"
@@ -63,8 +79,16 @@ def flight_recorder_env(out_dir: Path, environ: dict[str, str]) -> tuple[dict[st
     return added, kept
 
 
-def armed_environment(out_dir: Path, stall_seconds: float, environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+def armed_environment(
+    out_dir: Path, stall_seconds: float, environ: dict[str, str], debug_server: bool = False
+) -> tuple[dict[str, str], list[str]]:
     env = dict(environ)
+    if debug_server:
+        env[DEBUG_SERVER_ENV] = "1"
+        # The worker's py-spy handler runs `py-spy` from the rank's PATH: ours goes last, never shadowing.
+        spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if Path(spy).exists():
+            env["PATH"] = os.pathsep.join(p for p in (environ.get("PATH", ""), str(Path(spy).parent)) if p)
     added, kept = flight_recorder_env(out_dir, environ)
     env.update(added)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), environ.get("PYTHONPATH", "")) if p)
@@ -84,10 +108,16 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         what = "a file, not a folder" if out_dir.exists() else (err.strerror or str(err))
         raise UsageError(f"--out {out_dir}: {what}; give a folder for the diagnostics.") from None
-    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ))
+    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ), args.debug_server)
     for message in kept:
         warnings.warn(f"torchtriage run: {message}", stacklevel=1)
     print(f"torchtriage run: diagnostics in {out_dir} (stall after {args.stall_seconds:g} s)", file=sys.stderr)
+    if args.debug_server:
+        print(
+            f"torchtriage run: debug server in every rank; its store address will be in {out_dir / DEBUG_SERVER_FILE}"
+            " (torchtriage diagnose --store HOST:PORT)",
+            file=sys.stderr,
+        )
     code = _run_forwarding(command, env)
     verdict = hang_dir(out_dir) / f"{VERDICT_STEM}.txt"
     if verdict.exists():

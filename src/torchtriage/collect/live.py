@@ -63,3 +63,39 @@ def diagnose_live(
     verdict.facts["capture_folder"] = str(capture.folder)
     verdict.problems.extend(f"rank {p.target.rank} (pid {p.target.pid}): {p.error}" for p in capture.failures)
     return verdict
+
+
+def diagnose_from_store(
+    address: str,
+    out: Path | None = None,
+    *,
+    world_size: int | None = None,
+    timeout_s: float = 10.0,
+    extra_paths: list[str] | None = None,
+    logs: list[str] | None = None,
+) -> Verdict:
+    """Every rank's state from its PyTorch debug server, found in the job's store, fused into one verdict."""
+    import socket
+
+    from torchtriage.collect.capture import default_out_dir, make_folder
+    from torchtriage.collect.debug_server import assess_answers, collect
+
+    folder = make_folder(out or default_out_dir(), f"store-{socket.gethostname()}")
+    collected = collect(address, folder, world_size, timeout_s)
+    if not collected.answered:
+        from torchtriage.errors import EnvironmentProblem
+
+        reasons = "\n  ".join(collected.problems) or "no rank answered"
+        raise EnvironmentProblem(f"no rank's debug server answered:\n  {reasons}")
+    answers = [a for a in (assess_answers(collected),) if a is not None]
+    verdict = diagnose_paths([str(folder), *(extra_paths or [])], extra_logs=logs, collected=answers)
+    verdict.facts["capture_folder"] = str(folder)
+    verdict.facts["debug_server"] = verdict.facts.get("debug_server", {}) | {
+        "store": address,
+        "world_size": collected.world_size,
+        "answered": len(collected.answered),
+        "not_answering": {str(rank): why for rank, why in sorted(collected.not_answering.items())[:64]},
+        "unregistered": collected.unregistered[:64],
+    }
+    verdict.problems.extend(collected.problems)
+    return verdict

@@ -32,6 +32,7 @@ import warnings
 from pathlib import Path
 
 from torchtriage.protocol import (
+    DEBUG_SERVER_ENV,
     FR_PREFIX,
     FR_SUBDIR,
     REQUEST_FILE,
@@ -156,6 +157,8 @@ class HangWatchdog:
         out_dir: str | os.PathLike = "torchtriage-hang",
         poll_seconds: float | None = None,
         report: bool = True,
+        debug_server: bool = False,
+        run_dir: str | os.PathLike | None = None,
     ):
         if stall_seconds <= 0:
             raise ValueError("stall_seconds must be positive")
@@ -172,6 +175,10 @@ class HangWatchdog:
         self._last_progress = time.monotonic()
         self._dumped = False
         self._reported = False
+        # PyTorch's debug-server worker, started once the default process group exists (False: it failed)
+        self.debug_server = debug_server
+        self.run_dir = run_dir
+        self._debug_worker: object | None = None
 
     # -- public -------------------------------------------------------------------------------
     def progress(self) -> None:
@@ -214,6 +221,8 @@ class HangWatchdog:
             self._arm_backstop()
         stalled = now - self._last_progress >= self.stall_seconds
         store = self._store()
+        if self.debug_server and self._debug_worker is None and store is not None:
+            self._start_debug_server()
         requested = (store is not None and self._dump_requested(store)) or (self.out_dir / REQUEST_FILE).exists()
         if (stalled or requested) and not self._dumped:
             self._dump(stalled)
@@ -237,6 +246,17 @@ class HangWatchdog:
             faulthandler.dump_traceback_later(self.stall_seconds * 2 + 30, repeat=False, file=self._backstop_file)
         except (OSError, ValueError, RuntimeError):
             pass
+
+    def _start_debug_server(self) -> None:
+        from torchtriage.runtime import debug_server
+
+        why = debug_server.unavailable()
+        try:
+            self._debug_worker = debug_server.start_worker(self.run_dir) if why is None else False
+        except Exception as err:  # noqa: BLE001 - the job runs on without it
+            self._debug_worker, why = False, f"{type(err).__name__}: {err}"
+        if why:
+            warnings.warn(f"torchtriage: the debug server did not start: {why}", RuntimeWarning, stacklevel=1)
 
     # -- evidence ----------------------------------------------------------------------------
     def _name(self) -> str:
@@ -349,4 +369,6 @@ def start_from_environment() -> HangWatchdog | None:
     except ValueError:
         warnings.warn(f"torchtriage: {STALL_SECONDS_ENV} is not a number; using 300", stacklevel=1)
         stall = 300.0
-    return HangWatchdog(stall_seconds=stall, out_dir=hang_dir(out_dir)).start()
+    debug_server = os.environ.get(DEBUG_SERVER_ENV) == "1"
+    watchdog = HangWatchdog(stall_seconds=stall, out_dir=hang_dir(out_dir), debug_server=debug_server, run_dir=out_dir)
+    return watchdog.start()

@@ -1,0 +1,283 @@
+"""`diagnose --store`: every rank's state from PyTorch's debug server, found through the job's store.
+
+The live tests start real torchrun + gloo jobs under `torchtriage run --debug-server` (the worker HTTP
+server of torch.distributed.debug in every rank), let them really hang, and diagnose them from outside
+with nothing but the store's address. The others serve the real handler names from threads on loopback,
+registered in a real TCPStore, to cover what a live job cannot do on demand (ranks that never answer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from hung_job import TORCHRUN, clean_environment
+from torchtriage import exit_codes
+
+JOBS = Path(__file__).parent / "jobs"
+torch_debug = pytest.importorskip("torch.distributed.debug", reason="torch >= 2.10 has the debug server")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _start_agents(out: Path, job: str, env: dict, nodes: int, per_node: int) -> list[subprocess.Popen]:
+    """`nodes` torchrun agents on this host, each under `torchtriage run --debug-server` writing one folder,
+    meeting through c10d's rendezvous as that many nodes would."""
+    port = _free_port()
+    procs = []
+    for node in range(nodes):
+        command = [sys.executable, "-m", "torchtriage", "run", "--debug-server", "--out", str(out)]
+        command += ["--stall-seconds", "600", "--", str(TORCHRUN), "--nnodes", str(nodes), "--node_rank", str(node)]
+        command += ["--nproc_per_node", str(per_node), "--rdzv_backend", "c10d"]
+        command += ["--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "debug", str(JOBS / job)]
+        procs.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True
+            )
+        )
+    return procs
+
+
+def _stop(procs) -> None:
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _store_address(out: Path, procs, timeout: float = 120) -> str:
+    path = out / "debug_server.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not path.exists():
+        assert all(p.poll() is None for p in procs), "the job ended before its debug server started"
+        time.sleep(0.5)
+    assert path.exists(), "rank 0 wrote no debug_server.json"
+    return json.loads(path.read_text())["store"]
+
+
+def diagnose_store(address: str, out: Path, *extra: str) -> tuple[int, dict, str]:
+    done = run_cli("diagnose", "--store", address, "--out", str(out), "--json", *extra)
+    assert b"Traceback" not in done.stderr, done.stderr.decode()
+    text = done.stdout.decode()
+    return done.returncode, json.loads(text) if text.strip().startswith("{") else {}, done.stderr.decode()
+
+
+def _diagnose_until_hung(address: str, ranks: int, tmp_path: Path, timeout: float = 120) -> dict:
+    """`diagnose --store` until every rank answered and the job is in its hang (the workers register within
+    a watchdog poll of the process group's creation, and the warm-up steps take a moment)."""
+    deadline = time.monotonic() + timeout
+    verdict: dict = {}
+    while time.monotonic() < deadline:
+        code, verdict, _ = diagnose_store(address, tmp_path / "cap", "--timeout", "5")
+        answered = verdict.get("facts", {}).get("debug_server", {}).get("answered")
+        if code == exit_codes.PROBLEM_FOUND and answered == ranks and verdict.get("culprit_ranks"):
+            return verdict
+        time.sleep(2)
+    raise AssertionError(f"no verdict from every rank: {verdict.get('summary')}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("case", "culprit", "function"),
+    [("world_for_subgroup", 6, "all_reduce_on_the_world_instead"), ("early_exit", 1, "end_of_training")],
+)
+def test_two_agents_with_the_debug_server_are_diagnosed_from_outside(tmp_path, case, culprit, function):
+    # Two agents acting as two nodes, four ranks each; rank 6 is on the second "node".
+    procs = _start_agents(tmp_path / "run", "cross_group.py", clean_environment(CASE=case, CULPRIT=str(culprit)), 2, 4)
+    try:
+        address = _store_address(tmp_path / "run", procs)
+        found = _diagnose_until_hung(address, 8, tmp_path)
+    finally:
+        _stop(procs)
+    assert found["culprit_ranks"] == [culprit], found["summary"]
+    assert found["confidence"] == "high", found["summary"]
+    assert found["facts"]["debug_server"]["world_size"] == 8
+    assert found["facts"].get("user_frame", {}).get("function") == function, (found["facts"].keys(), found["summary"])
+    captured = Path(found["facts"]["capture_folder"])
+    assert sorted(p.name for p in (captured / "fr").iterdir()) == [f"debug_server_fr_rank_{r}.json" for r in range(8)]
+
+
+@pytest.mark.slow
+def test_a_rank_that_does_not_answer_is_named_and_stays_the_suspect(tmp_path):
+    # Rank 1 sleeps instead of joining; then it is stopped (SIGSTOP): its worker thread cannot answer either.
+    env = clean_environment(HANG_MODE="skip", HANG_CULPRIT="1")
+    procs = _start_agents(tmp_path / "run", "hang.py", env, 1, 2)
+    try:
+        address = _store_address(tmp_path / "run", procs)
+        _diagnose_until_hung(address, 2, tmp_path)
+        pid = next(int(line.split("pid=")[1]) for line in _ready_lines(procs[0]) if line.startswith("READY rank=1 "))
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            code, verdict, _ = diagnose_store(address, tmp_path / "cap", "--timeout", "2")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        _stop(procs)
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["facts"]["debug_server"]["not_answering"].keys() == {"1"}
+    assert any(p.startswith("rank 1 did not answer at http://") and "within 2 s" in p for p in verdict["problems"])
+    assert verdict["culprit_ranks"] == [1]  # rank 0's flight recorder and stack wait for it
+    assert verdict["confidence"] != "high"  # what rank 1 does is not seen
+
+
+def _ready_lines(proc, want: int = 2, timeout: float = 60) -> list[str]:
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and sum(line.startswith("READY") for line in lines) < want:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+    return lines
+
+
+# ----------------------------------------------------------------- simulated workers, a real TCPStore
+
+
+def _spy_text(rank: int, function: str, line: int, op: str | None) -> str:
+    """A rank's stack in py-spy's text form, as the worker's pyspy_dump handler returns it."""
+    frames = [f"    {op} (torch/distributed/distributed_c10d.py:2950)"] if op else ["    sleep (time.py:0)"]
+    frames += [f"    {function} (train.py:{line})", "    main (train.py:90)", "    <module> (train.py:99)"]
+    state = "active" if op else "idle"
+    return "\n".join([f"Process {1000 + rank}: python train.py", "Python v3.11.7", "",
+                      f'Thread {1000 + rank} ({state}): "MainThread"', *frames, ""])  # fmt: skip
+
+
+def _fr_json(rank: int, world: int, last_seq: int, pending: bool) -> dict:
+    """A gloo flight-recorder dump as fr_trace_json returns it (JSON: no frames)."""
+    entries = [
+        {"record_id": s - 1, "pg_id": 0, "process_group": ["0", "default_pg"], "collective_seq_id": s,
+         "p2p_seq_id": 0, "op_id": s, "profiling_name": "gloo:all_reduce", "time_created_ns": 1000 + s,
+         "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]], "output_dtypes": ["Float"],
+         "state": "scheduled", "retired": False, "timeout_ms": 600000, "is_p2p": False}
+        for s in range(1, last_seq + 1)
+    ]  # fmt: skip
+    done = last_seq - 1 if pending else last_seq
+    return {
+        "version": "2.10",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}},
+        "pg_status": {"0": {"last_enqueued_collective": last_seq, "last_completed_collective": done}},
+        "entries": entries,
+    }
+
+
+class _Workers:
+    """`world` debug-server workers on loopback, registered in a real TCPStore as torch's do. `silent` ranks
+    accept the connection and never answer (a wedged process); the culprit sleeps where the others wait."""
+
+    def __init__(self, world: int, culprit: int, silent: set[int] = frozenset(), garbage: set[int] = frozenset()):
+        from torch.distributed import TCPStore
+
+        self.release = threading.Event()
+        self.store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        self.servers = []
+        for rank in range(world):
+            departs = rank == culprit
+            stack = _spy_text(rank, "train_step", 41 if departs else 37, None if departs else "all_reduce")
+            fr = _fr_json(rank, world, 4 if rank == culprit else 5, pending=rank != culprit)
+            body = {"pyspy_dump": stack.encode(), "fr_trace_json": json.dumps(fr).encode()}
+            if rank in garbage:
+                body["fr_trace_json"] = b"\x00\xffnot json"
+            server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler(body, rank in silent))
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            self.servers.append(server)
+            self.store.set(f"debug_server/rank{rank}", f"http://127.0.0.1:{server.server_address[1]}")
+        self.address = f"127.0.0.1:{self.store.port}"
+
+    def _handler(self, bodies: dict[str, bytes], silent: bool):
+        release = self.release
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 - the http.server interface
+                if silent:
+                    release.wait(30)
+                    return
+                name = self.path.split("?")[0].rsplit("/", 1)[-1]
+                body = bodies.get(name)
+                self.send_response(200 if body is not None else 404)
+                self.end_headers()
+                self.wfile.write(body if body is not None else f"Handler {name} not found".encode())
+
+            def log_message(self, *args):
+                pass
+
+        return Handler
+
+    def close(self):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.release.set()
+        with ThreadPoolExecutor(64) as pool:  # each shutdown waits out its server's poll interval
+            list(pool.map(lambda server: (server.shutdown(), server.server_close()), self.servers))
+
+
+def test_every_rank_is_asked_at_once_and_the_silent_ones_are_named(tmp_path):
+    silent = {3, 40, 77, 100, 101, 150, 151, 152, 200, 210, 230, 240, 255}  # 5% of 256
+    workers = _Workers(256, culprit=17, silent=silent)
+    try:
+        code, verdict, _ = diagnose_store(workers.address, tmp_path, "--timeout", "1")
+    finally:
+        workers.close()
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["culprit_ranks"] == [17], verdict["summary"]  # the others wait in seq 5 for it
+    assert verdict["facts"]["user_frame"]["line"] == 41  # its own line, from its stack (JSON has no frames)
+    server = verdict["facts"]["debug_server"]
+    assert (server["world_size"], server["answered"]) == (256, 256 - len(silent))
+    assert {int(r) for r in server["not_answering"]} == silent
+    assert sum(p.startswith("rank ") and "did not answer" in p for p in verdict["problems"]) == len(silent)
+
+
+def test_the_world_size_is_read_from_the_store_and_missing_ranks_are_named(tmp_path):
+    workers = _Workers(8, culprit=2)
+    workers.store.delete_key("debug_server/rank5")  # never registered
+    try:
+        code, verdict, _ = diagnose_store(workers.address, tmp_path, "--world-size", "8")
+    finally:
+        workers.close()
+    assert verdict["facts"]["debug_server"]["unregistered"] == [5]
+    assert any("rank 5 registered no debug server" in p for p in verdict["problems"])
+    assert verdict["culprit_ranks"] == [2]
+
+
+def test_a_worker_that_answers_garbage_leaves_its_rank_unread_not_a_traceback(tmp_path):
+    workers = _Workers(4, culprit=1, garbage={2})
+    try:
+        code, verdict, stderr = diagnose_store(workers.address, tmp_path)
+    finally:
+        workers.close()
+    assert code == exit_codes.PROBLEM_FOUND and "Traceback" not in stderr
+    assert verdict["culprit_ranks"] == [1]
+
+
+def test_bad_store_addresses_get_one_clear_message(tmp_path):
+    done = run_cli("diagnose", "--store", "not-an-address")
+    assert done.returncode == exit_codes.USAGE and b"HOST:PORT" in done.stderr
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    done = run_cli("diagnose", "--store", f"127.0.0.1:{port}", "--timeout", "2", "--out", str(tmp_path))
+    assert done.returncode not in (exit_codes.OK, exit_codes.PROBLEM_FOUND) and b"Traceback" not in done.stderr
+    assert b"cannot reach the job's store" in done.stderr
+    from torch.distributed import TCPStore
+
+    empty = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    done = run_cli("diagnose", "--store", f"127.0.0.1:{empty.port}", "--out", str(tmp_path))
+    assert b"no debug server registered" in done.stderr and b"Traceback" not in done.stderr
