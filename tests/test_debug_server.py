@@ -35,12 +35,17 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _start_agents(out: Path, job: str, env: dict, nodes: int, per_node: int) -> list[subprocess.Popen]:
+def _start_agents(
+    out: Path, job: str, env: dict, nodes: int, per_node: int, slurm_job: str | None = None
+) -> list[subprocess.Popen]:
     """`nodes` torchrun agents on this host, each under `torchtriage run --debug-server` writing one folder,
-    meeting through c10d's rendezvous as that many nodes would."""
+    meeting through c10d's rendezvous as that many nodes would (with `slurm_job`, each carries the job and
+    node ids SLURM gives the tasks of a node)."""
     port = _free_port()
     procs = []
     for node in range(nodes):
+        if slurm_job is not None:
+            env = {**env, "SLURM_JOB_ID": slurm_job, "SLURM_NODEID": str(node)}
         command = [sys.executable, "-m", "torchtriage", "run", "--debug-server", "--out", str(out)]
         command += ["--stall-seconds", "600", "--", str(TORCHRUN), "--nnodes", str(nodes), "--node_rank", str(node)]
         command += ["--nproc_per_node", str(per_node), "--rdzv_backend", "c10d"]
@@ -281,3 +286,56 @@ def test_bad_store_addresses_get_one_clear_message(tmp_path):
     empty = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     done = run_cli("diagnose", "--store", f"127.0.0.1:{empty.port}", "--out", str(tmp_path))
     assert b"no debug server registered" in done.stderr and b"Traceback" not in done.stderr
+
+
+# ------------------------------------------------------------------------------ SLURM, with a stand-in srun
+
+STANDINS = Path(__file__).parent / "standins"
+
+
+@pytest.mark.slow
+def test_diagnose_slurm_runs_one_capture_per_node_and_reads_them_together(tmp_path):
+    # Two agents acting as two nodes, two ranks each; rank 3 (the second node) sleeps instead of joining.
+    env = clean_environment(HANG_MODE="skip", HANG_CULPRIT="3")
+    procs = _start_agents(tmp_path / "run", "hang.py", env, 2, 2, slurm_job="4242")
+    try:
+        ready = [line for proc in procs for line in _ready_lines(proc)]
+        assert len(ready) == 4, ready
+        time.sleep(2)  # the peers block in their all_reduce
+        log = tmp_path / "srun.log"
+        path = f"{STANDINS}{os.pathsep}{os.environ['PATH']}"
+        done = subprocess.run(
+            [sys.executable, "-m", "torchtriage", "diagnose", "--slurm", "4242", "--out", str(tmp_path / "shared")],
+            env={**os.environ, "PATH": path, "STANDIN_LOG": str(log), "STANDIN_JOBID": "4242"},
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+    finally:
+        _stop(procs)
+    assert "Traceback" not in done.stderr, done.stderr
+    step = log.read_text().split()
+    assert step[:5] == ["--overlap", "--jobid", "4242", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]
+    assert step[5:9] == [sys.executable, "-m", "torchtriage", "dump"]
+    nodes = sorted(p for p in (tmp_path / "shared").iterdir() if p.is_dir())
+    assert len(nodes) == 2, (done.stdout, done.stderr)  # one folder per node
+    assert done.returncode == exit_codes.PROBLEM_FOUND, done.stdout
+    assert "culprit   3" in done.stdout and "hang.py:52 in culprit_skip" in done.stdout, done.stdout
+
+
+def test_diagnose_slurm_says_what_is_wrong_without_srun_or_with_a_wrong_job(tmp_path):
+    bare = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "diagnose", "--slurm", "4242", "--out", str(tmp_path)],
+        env=bare, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == exit_codes.ENVIRONMENT and "srun is not on PATH" in done.stderr
+    wrong = {**os.environ, "PATH": f"{STANDINS}{os.pathsep}{os.environ['PATH']}", "STANDIN_JOBID": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "diagnose", "--slurm", "4242", "--out", str(tmp_path / "o")],
+        env=wrong, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == exit_codes.ENVIRONMENT and "Invalid job id" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = run_cli("diagnose", "--slurm", "not-a-job")
+    assert done.returncode == exit_codes.USAGE and b"job's id" in done.stderr

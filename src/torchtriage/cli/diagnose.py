@@ -44,6 +44,12 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         "registered there is asked for its stack and flight recorder",
     )
     parser.add_argument(
+        "--slurm",
+        metavar="JOBID",
+        help="live, every node: capture each node of this SLURM job as one extra job step "
+        "(srun --overlap) into --out, a folder the nodes share (default: one in the working directory)",
+    )
+    parser.add_argument(
         "--world-size",
         type=number(int, 1, 1 << 24, "a number of ranks"),
         metavar="N",
@@ -61,12 +67,25 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if sum(map(bool, (args.paths, args.pid, args.store))) > 1:
-        raise UsageError("give one of PATHs (post-mortem), --pid (live, this node) or --store (live, every node).")
+    if sum(map(bool, (args.paths, args.pid, args.store, args.slurm))) > 1:
+        raise UsageError(
+            "give one of PATHs (post-mortem), --pid (live, this node), --store or --slurm (live, every node)."
+        )
     if args.world_size and not args.store:
         raise UsageError("--world-size goes with --store.")
     check_paths(list(args.paths) + args.fr + args.logs)
-    if args.store:
+    if args.slurm:
+        from torchtriage.collect.live import diagnose_slurm
+
+        verdict = diagnose_slurm(
+            args.slurm,
+            Path(args.out) if args.out else None,
+            native=args.native,
+            timeout_s=args.timeout,
+            extra_paths=args.fr,
+            logs=args.logs,
+        )
+    elif args.store:
         from torchtriage.collect.live import diagnose_from_store
 
         verdict = diagnose_from_store(

@@ -27,7 +27,12 @@ LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", 
 WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 # A torchrun worker: the agent sets these (and nothing else marks a worker as surely).
 WORKER_VARS = ("RANK", "LOCAL_RANK")
-LAUNCHER_ENV = tuple(dict.fromkeys(RANK_VARS + LOCAL_RANK_VARS + WORLD_SIZE_VARS + ("TORCHELASTIC_RUN_ID",)))
+# A SLURM job step's own job and node: a capture step (`srun --overlap --jobid J`) takes job J's ranks on its
+# node, not another job's that shares the node.
+SLURM_PLACE_VARS = ("SLURM_JOB_ID", "SLURM_NODEID")
+LAUNCHER_ENV = tuple(
+    dict.fromkeys(RANK_VARS + LOCAL_RANK_VARS + WORLD_SIZE_VARS + ("TORCHELASTIC_RUN_ID",) + SLURM_PLACE_VARS)
+)
 
 _AGENT_MODULES = ("torch.distributed.run", "torch.distributed.launch")
 _AGENT_SCRIPTS = ("torchrun",)
@@ -189,8 +194,10 @@ def select_ranks(
     host: str,
     pids: Sequence[int] | None = None,
     exclude: Iterable[int] = (),
+    slurm_place: Mapping[str, str] | None = None,
 ) -> list[RankProcess]:
-    """The processes to capture, from a snapshot of the process table.
+    """The processes to capture, from a snapshot of the process table. `slurm_place`: the SLURM job (and
+    node) this capture runs in, whose agents alone are taken when an agent says which job it belongs to.
 
     Raises UsageError for a pid that does not exist (or a named agent with no workers, or several
     jobs found when none was named), EnvironmentProblem when nothing was found to capture.
@@ -234,6 +241,12 @@ def select_ranks(
     }
     for agent in wrappers:
         jobs.pop(agent)
+    if slurm_place:
+        jobs = {
+            agent: workers
+            for agent, workers in jobs.items()
+            if all(table[agent].env.get(name, value) == value for name, value in slurm_place.items())
+        }
     if not jobs:
         raise EnvironmentProblem(f"found no torchrun workers on this node ({host}); {PID_HINT}.")
     if len(jobs) > 1:
@@ -316,4 +329,5 @@ def find_ranks(pids: Sequence[int] | None = None, proc: Path = Path("/proc")) ->
     workers of the one torchrun job running here. Never this process or its ancestors."""
     table = read_process_table(proc)
     own = ancestors(os.getpid(), table)
-    return select_ranks(table, socket.gethostname(), pids, exclude=own)
+    place = {name: os.environ[name] for name in SLURM_PLACE_VARS if os.environ.get(name)}
+    return select_ranks(table, socket.gethostname(), pids, exclude=own, slurm_place=place)

@@ -99,3 +99,23 @@ def diagnose_from_store(
     }
     verdict.problems.extend(collected.problems)
     return verdict
+
+
+def diagnose_slurm(
+    jobid: str,
+    out: Path | None = None,
+    *,
+    native: bool = False,
+    timeout_s: float = 10.0,
+    extra_paths: list[str] | None = None,
+    logs: list[str] | None = None,
+) -> Verdict:
+    """Every node of a SLURM job captured by one extra job step into one folder, fused into one verdict."""
+    from torchtriage.collect.slurm import capture_every_node
+
+    folder, problems = capture_every_node(jobid, out, timeout_s, native)
+    verdict = diagnose_paths([str(folder), *(extra_paths or [])], extra_logs=logs)
+    verdict.facts["capture_folder"] = str(folder)
+    verdict.facts["slurm_job"] = jobid
+    verdict.problems.extend(problems)
+    return verdict

@@ -1,0 +1,77 @@
+"""Every node of a SLURM job: the node-local capture run on each node as one extra job step, into a shared
+folder, then the merged folder read as one job.
+
+    srun --overlap --jobid JOBID --ntasks-per-node=1 --kill-on-bad-exit=0 <this python> -m torchtriage dump --out DIR
+
+`--overlap` lets the step share the CPUs the training step holds (without it the step waits for free
+resources: forever); one task per node; a node whose capture fails does not stop the others. Each node's
+`dump` writes `DIR/<host>-<time>/` (its host in the name, so nodes never clash), and `diagnose DIR` reads
+them together. The same Python (a shared venv or the job's container) must exist on the nodes.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from torchtriage.errors import EnvironmentProblem, UsageError
+
+_STEP_SLACK_S = 60.0  # past the per-rank timeouts, for srun to place the step and the nodes to start Python
+
+
+def step_command(jobid: str, verb_args: list[str]) -> list[str]:
+    if not jobid.replace("_", "").isdigit():
+        raise UsageError(f"--slurm {jobid}: give the job's id (squeue -u $USER), e.g. --slurm 123456")
+    srun = shutil.which("srun")
+    if srun is None:
+        raise EnvironmentProblem(
+            "srun is not on PATH: run this where SLURM's commands are (a login node of the cluster, or inside "
+            "the job's allocation)"
+        )
+    return [srun, "--overlap", "--jobid", jobid, "--ntasks-per-node=1", "--kill-on-bad-exit=0"] + [
+        sys.executable,
+        "-m",
+        "torchtriage",
+        *verb_args,
+    ]
+
+
+def default_folder(jobid: str) -> Path:
+    """In the working directory, which on a cluster is usually on a file system every node sees."""
+    return Path(f"torchtriage-slurm-{jobid}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+
+
+def run_step(jobid: str, verb_args: list[str], timeout_s: float) -> list[str]:
+    """Run `torchtriage <verb_args>` on every node of the job; the problems it reported (never raises for a
+    node that failed: what the others wrote is still read)."""
+    command = step_command(jobid, verb_args)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s + _STEP_SLACK_S, check=False)
+    except subprocess.TimeoutExpired:
+        return [f"the srun step did not finish within {timeout_s + _STEP_SLACK_S:g} s; what landed is read"]
+    except OSError as err:
+        raise EnvironmentProblem(f"cannot run srun ({err.strerror or err})") from None
+    if done.returncode == 0:
+        return []
+    tail = " | ".join(line for line in done.stderr.strip().splitlines()[-4:] if line.strip())
+    return [f"srun returned {done.returncode} (a node's capture failed, or the job id is wrong): {tail}"]
+
+
+def capture_every_node(jobid: str, out: Path | None, timeout_s: float, native: bool = False) -> tuple[Path, list[str]]:
+    """`dump` on every node of the job into one folder; the folder, and the problems."""
+    folder = out.resolve() if out is not None else default_folder(jobid)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out {folder}: {err.strerror or err}; give a folder every node can write") from None
+    args = ["dump", "--out", str(folder), "--timeout", f"{timeout_s:g}"] + (["--native"] if native else [])
+    problems = run_step(jobid, args, timeout_s * 2)  # a rank gets two py-spy runs: text, then JSON
+    if not any(folder.iterdir()):
+        reasons = "; ".join(problems) or "no node wrote anything"
+        raise EnvironmentProblem(
+            f"no node's capture landed in {folder} ({reasons}); is it on a file system the nodes share?"
+        )
+    return folder, problems
