@@ -43,6 +43,18 @@ def clean_environment(**extra: str) -> dict[str, str]:
     return {**env, "PYTHONUNBUFFERED": "1", **extra}
 
 
+def stop_agents(procs) -> None:
+    """Kill launchers started with start_new_session=True, each with its session's process group. Their
+    workers (sessions of their own, as torchrun starts them) exit within a second of their agent: the test
+    jobs watch their parent (tests/jobs/_common.py)."""
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
 def job_environment(mode: str = "skip", culprit: int = 1) -> dict[str, str]:
     return clean_environment(HANG_MODE=mode, HANG_CULPRIT=str(culprit))
 

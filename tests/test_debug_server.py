@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from hung_job import TORCHRUN, clean_environment
+from hung_job import TORCHRUN, clean_environment, stop_agents
 from torchtriage import exit_codes
 
 JOBS = Path(__file__).parent / "jobs"
@@ -56,15 +56,6 @@ def _start_agents(
             )
         )
     return procs
-
-
-def _stop(procs) -> None:
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
 
 
 def _store_address(out: Path, procs, timeout: float = 120) -> str:
@@ -110,7 +101,7 @@ def test_two_agents_with_the_debug_server_are_diagnosed_from_outside(tmp_path, c
         address = _store_address(tmp_path / "run", procs)
         found = _diagnose_until_hung(address, 8, tmp_path)
     finally:
-        _stop(procs)
+        stop_agents(procs)
     assert found["culprit_ranks"] == [culprit], found["summary"]
     assert found["confidence"] == "high", found["summary"]
     assert found["facts"]["debug_server"]["world_size"] == 8
@@ -134,7 +125,7 @@ def test_a_rank_that_does_not_answer_is_named_and_stays_the_suspect(tmp_path):
         finally:
             os.kill(pid, signal.SIGCONT)
     finally:
-        _stop(procs)
+        stop_agents(procs)
     assert code == exit_codes.PROBLEM_FOUND
     assert verdict["facts"]["debug_server"]["not_answering"].keys() == {"1"}
     assert any(p.startswith("rank 1 did not answer at http://") and "within 2 s" in p for p in verdict["problems"])
@@ -312,7 +303,7 @@ def test_diagnose_slurm_runs_one_capture_per_node_and_reads_them_together(tmp_pa
             timeout=180,
         )
     finally:
-        _stop(procs)
+        stop_agents(procs)
     assert "Traceback" not in done.stderr, done.stderr
     step = log.read_text().split()
     assert step[:5] == ["--overlap", "--jobid", "4242", "--ntasks-per-node=1", "--kill-on-bad-exit=0"]

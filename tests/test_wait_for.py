@@ -13,6 +13,7 @@ import re
 import pytest
 
 from conftest import FIXTURES, run_cli
+from hung_job import stop_agents
 from test_flight_recorder import entry, verdict_of, write
 from torchtriage import exit_codes
 
@@ -215,20 +216,6 @@ def _wait_for_verdict(folder, procs, timeout=150) -> dict:
     return json.loads(path.read_text())
 
 
-def _stop(procs) -> None:
-    import os
-    import signal
-
-    # Each agent runs in a session of its own; its workers (sessions of their own, as torchrun starts
-    # them) exit within a second of their agent: tests/jobs/cross_group.py watches its parent.
-    for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait()
-
-
 @pytest.mark.slow
 def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgroup(tmp_path):
     import subprocess
@@ -246,7 +233,7 @@ def test_run_names_rank_0_when_it_all_reduces_on_the_world_instead_of_its_subgro
     try:
         found = _wait_for_verdict(tmp_path, [proc])
     finally:
-        _stop([proc])
+        stop_agents([proc])
     assert (found["culprit_ranks"], found["confidence"]) == ([0], "high"), found["summary"]
     assert found["facts"]["user_frame"]["function"] == "all_reduce_on_the_world_instead"
 
@@ -278,7 +265,7 @@ def _two_agents(tmp_path, case: str, culprit: int, per_node: int) -> dict:
     try:
         found = _wait_for_verdict(tmp_path, procs, timeout=240)
     finally:
-        _stop(procs)
+        stop_agents(procs)
     found["dumps"] = sorted(p.name for p in (tmp_path / "hang" / "fr").iterdir())
     return found
 
