@@ -129,3 +129,27 @@ def test_recorded_live_nccl_diagnoses_reproduce_post_mortem(case, culprit):
     code, verdict = diagnose_json(capture, LIVE / case / "run" / "hang" / "fr")
     assert verdict["culprit_ranks"] == [culprit]
     assert verdict["facts"]["sources_used"] == ["flight_recorder", "stacks"]
+
+
+@pytest.mark.slow
+def test_a_busy_culprit_that_never_stalls_dumps_when_a_stalled_rank_wakes_it(tmp_path):
+    # Rank 1 computes forever (its main thread moves, so its own watchdog never fires); rank 0 waits in the
+    # all_reduce and stalls. Rank 0's watchdog sets the wake-up key every rank's listener waits on: rank 1
+    # dumps on request, not stalled, and the verdict names it.
+    pytest.importorskip("torch")
+    from hung_job import HungJob
+
+    out = tmp_path / "run"
+    prefix = (sys.executable, "-m", "torchtriage", "run", "--out", str(out), "--stall-seconds", "4", "--")
+    with HungJob(mode="busy", culprit=1, prefix=prefix):
+        verdict_file = out / "hang" / "verdict.json"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not verdict_file.exists():
+            time.sleep(0.5)
+        assert verdict_file.exists(), f"no verdict in {out}"
+        time.sleep(0.5)
+        verdict = json.loads(verdict_file.read_text())
+    busy = (out / "hang" / "rank01.txt").read_text()
+    assert '(active): "MainThread"' in busy and "culprit_busy" in busy  # dumped on request, while moving
+    assert '(idle): "MainThread"' in (out / "hang" / "rank00.txt").read_text()  # stalled by itself
+    assert verdict["culprit_ranks"] == [1], verdict["summary"]

@@ -17,6 +17,7 @@ mode; the culprit does what HANG_MODE says:
                 (a second process group over the same ranks, like a data-parallel group)
     dataloader  waits for a batch that a DataLoader worker is stuck fetching
     lock        deadlocks itself on a threading.Lock it already holds
+    busy        computes forever in Python instead of joining (its main thread moves: it is not stalled)
 
 HANG_CULPRIT defaults to 1; HANG_CULPRIT=0 gives the rank-0 variants. The process-group timeout is
 600 s (HANG_TIMEOUT_S), so the job hangs until it is killed. torchrun starts each worker in a session
@@ -41,7 +42,7 @@ from _common import env_int, exit_when_orphaned  # the job folder is on sys.path
 WARMUP_STEPS = 3
 SIZE = 1024
 FOREVER_S = 3600
-MODES = ("skip", "op", "size", "barrier", "subgroup", "dataloader", "lock")
+MODES = ("skip", "op", "size", "barrier", "subgroup", "dataloader", "lock", "busy")
 
 
 def peer_all_reduce(tensor: torch.Tensor, group=None) -> None:
@@ -100,6 +101,24 @@ class Counter:
 
 def culprit_lock(tensor: torch.Tensor) -> None:
     Counter().bump()
+
+
+# A busy rank's work: many small functions, each its own code object. The watchdog samples the main thread
+# where it lets go of the GIL (at a call or a loop's jump back): across these, the sampled place keeps moving.
+BUSY_STEPS = []
+for _k in range(24):
+    _namespace: dict = {}
+    exec(f"def busy_step_{_k}(x):\n    return (x * 31 + {_k}) % 1_000_003\n", _namespace)  # noqa: S102
+    BUSY_STEPS.append(_namespace[f"busy_step_{_k}"])
+
+
+def culprit_busy(tensor: torch.Tensor) -> None:
+    # A loop that never ends (a wrong stop condition): busy, never reaching the all_reduce, and never
+    # stalled in its own watchdog's eyes.
+    total = 0
+    while True:
+        for step in BUSY_STEPS:
+            total = step(total)
 
 
 def main() -> None:

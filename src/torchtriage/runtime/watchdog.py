@@ -29,6 +29,7 @@ import threading
 import time
 import traceback
 import warnings
+from datetime import timedelta
 from pathlib import Path
 
 from torchtriage.protocol import (
@@ -179,6 +180,9 @@ class HangWatchdog:
         self.debug_server = debug_server
         self.run_dir = run_dir
         self._debug_worker: object | None = None
+        # Set by the listener when another rank asks for dumps; None: not started, False: polling instead
+        self._requested = threading.Event()
+        self._listener: threading.Thread | bool | None = None
 
     # -- public -------------------------------------------------------------------------------
     def progress(self) -> None:
@@ -223,7 +227,11 @@ class HangWatchdog:
         store = self._store()
         if self.debug_server and self._debug_worker is None and store is not None:
             self._start_debug_server()
-        requested = (store is not None and self._dump_requested(store)) or (self.out_dir / REQUEST_FILE).exists()
+        if store is not None and self._listener is None:
+            self._start_listener(store)
+        requested = self._requested.is_set() or (self.out_dir / REQUEST_FILE).exists()
+        if not requested and store is not None and self._listener is False:
+            requested = self._dump_requested(store)  # a store that cannot hold a wait: polled
         if (stalled or requested) and not self._dumped:
             self._dump(stalled)
             if store is not None:
@@ -313,6 +321,33 @@ class HangWatchdog:
         except Exception:  # noqa: BLE001
             return None
 
+    # Idle, the watchdogs cost the job's store nothing: each rank's listener holds one wait on a wake-up key
+    # (on a connection of its own: a client blocked in a wait serves nothing else), which the first stalled
+    # rank sets. Polling from every rank every few seconds would be 3,200 requests a second at 16k ranks.
+    def _start_listener(self, store) -> None:
+        root = _root_tcp_store(store)
+        if root is None:
+            self._listener = False
+            return
+        self._listener = threading.Thread(
+            target=self._listen, args=(root.host, root.port), name="torchtriage-listener", daemon=True
+        )
+        self._listener.start()
+
+    def _listen(self, host: str, port: int) -> None:
+        from torch.distributed import TCPStore
+
+        for attempt in range(_LISTEN_ATTEMPTS):
+            try:
+                client = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
+                client.wait([wake_key()], _LISTEN_FOR)
+                self._requested.set()
+                return
+            except Exception:  # noqa: BLE001 - the store went away (the job ends) or refused: retry, then poll
+                if self._stop.wait(5.0 * (attempt + 1)):
+                    return
+        self._listener = False
+
     @staticmethod
     def _dump_requested(store) -> bool:
         try:
@@ -323,6 +358,9 @@ class HangWatchdog:
     def _announce(self, store, stalled: bool) -> None:
         if stalled:
             store.set(STORE_PREFIX + "dump_request", str(self.rank))
+            root = _root_tcp_store(store)
+            if root is not None:
+                root.set(wake_key(), str(self.rank))  # every rank's listener wakes
             store.set(STORE_PREFIX + f"stalled/{self.rank}", "1")
         store.add(STORE_PREFIX + "dumped", 1)
 
@@ -357,6 +395,25 @@ class HangWatchdog:
         verdict = json.loads(written.read_text())
         verdict["facts"]["reported_by_rank"] = self.rank
         written.write_text(json.dumps(verdict, indent=2) + "\n")
+
+
+_LISTEN_FOR = timedelta(days=30)  # one wait; a wait that times out logs a warning
+_LISTEN_ATTEMPTS = 3
+
+
+def wake_key() -> str:
+    """The key a stalled rank sets to wake every listener, in the root of the job's store: per torchelastic
+    run and restart, so a request of an earlier attempt does not fire in the next."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return f"{STORE_PREFIX}{run}/{restart}/wake"
+
+
+def _root_tcp_store(store):
+    """The TCPStore under the default store's prefixes (the job's own client), or None for another kind."""
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store if type(store).__name__ == "TCPStore" and getattr(store, "port", None) else None
 
 
 def start_from_environment() -> HangWatchdog | None:
