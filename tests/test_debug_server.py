@@ -92,7 +92,12 @@ def _diagnose_until_hung(address: str, ranks: int, tmp_path: Path, timeout: floa
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("case", "culprit", "function"),
-    [("world_for_subgroup", 6, "all_reduce_on_the_world_instead"), ("early_exit", 1, "end_of_training")],
+    [
+        ("world_for_subgroup", 6, "all_reduce_on_the_world_instead"),
+        ("early_exit", 1, "end_of_training"),
+        ("opposite_order", 5, "sync_world"),
+        ("skip_send", 5, "sync_world"),  # where it went instead of sending
+    ],
 )
 def test_two_agents_with_the_debug_server_are_diagnosed_from_outside(tmp_path, case, culprit, function):
     # Two agents acting as two nodes, four ranks each; rank 6 is on the second "node".
