@@ -335,3 +335,38 @@ def test_diagnose_slurm_says_what_is_wrong_without_srun_or_with_a_wrong_job(tmp_
     assert "Traceback" not in done.stderr
     done = run_cli("diagnose", "--slurm", "not-a-job")
     assert done.returncode == exit_codes.USAGE and b"job's id" in done.stderr
+
+
+@pytest.mark.slow
+def test_dump_and_record_with_slurm_capture_each_node_its_own_ranks(tmp_path):
+    env = clean_environment(HANG_MODE="skip", HANG_CULPRIT="3")
+    procs = _start_agents(tmp_path / "run", "hang.py", env, 2, 2, slurm_job="4242")
+    standin = {**os.environ, "PATH": f"{STANDINS}{os.pathsep}{os.environ['PATH']}", "STANDIN_JOBID": "4242"}
+    try:
+        assert len([line for proc in procs for line in _ready_lines(proc)]) == 4
+        dumped = subprocess.run(
+            [sys.executable, "-m", "torchtriage", "dump", "--slurm", "4242", "--out", str(tmp_path / "stacks")],
+            env=standin, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+        recorded = subprocess.run(
+            [sys.executable, "-m", "torchtriage", "record", "--slurm", "4242", "--duration", "1", "--idle",
+             "--out", str(tmp_path / "flames")],
+            env=standin, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        stop_agents(procs)
+    assert dumped.returncode == exit_codes.OK, dumped.stdout + dumped.stderr
+    assert "2 node folder(s) of SLURM job 4242" in dumped.stdout
+    # Each node's step took the ranks of its own node only: the two agents carry SLURM_NODEID 0 and 1.
+    by_node = sorted(
+        sorted(r["rank"] for r in json.loads((folder / "summary.json").read_text())["processes"])
+        for folder in (tmp_path / "stacks").iterdir()
+    )
+    assert by_node == [[0, 1], [2, 3]]
+    assert recorded.returncode == exit_codes.OK, recorded.stdout + recorded.stderr
+    assert len(list((tmp_path / "flames").glob("*/rank*.svg"))) == 4
+
+
+def test_slurm_and_pid_do_not_go_together():
+    done = run_cli("dump", "--slurm", "4242", "--pid", "1")
+    assert done.returncode == exit_codes.USAGE and b"--pid names processes of this node" in done.stderr

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from torchtriage.cli.common import SECONDS, emit, number
-from torchtriage.cli.dump import add_targeting, exit_code
+from torchtriage.cli.dump import add_targeting, exit_code, on_every_node
 from torchtriage.collect.capture import RECORD_SLACK_S, record_profiles
 from torchtriage.collect.pyspy import sigterm_as_interrupt
 from torchtriage.report.json_report import json_text
@@ -49,6 +49,11 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.slurm:
+        node_args = ["record", "--duration", str(args.duration), "--rate", str(args.rate)]
+        node_args += ["--timeout", f"{args.timeout:g}"] if args.timeout is not None else []
+        node_args += [flag for flag, on in (("--idle", args.idle), ("--nonblocking", args.nonblocking)) if on]
+        return on_every_node(args, node_args, args.duration + RECORD_SLACK_S + (args.timeout or 0))
     with sigterm_as_interrupt():
         result = record_profiles(
             args.pid,

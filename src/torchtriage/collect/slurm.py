@@ -62,13 +62,19 @@ def run_step(jobid: str, verb_args: list[str], timeout_s: float) -> list[str]:
 
 def capture_every_node(jobid: str, out: Path | None, timeout_s: float, native: bool = False) -> tuple[Path, list[str]]:
     """`dump` on every node of the job into one folder; the folder, and the problems."""
+    args = ["dump", "--timeout", f"{timeout_s:g}"] + (["--native"] if native else [])
+    return on_every_node(jobid, args, out, timeout_s * 2)  # a rank gets two py-spy runs: text, then JSON
+
+
+def on_every_node(jobid: str, verb_args: list[str], out: Path | None, step_s: float) -> tuple[Path, list[str]]:
+    """`torchtriage <verb_args> --out FOLDER` (dump, record) on every node of the job; the folder, and the
+    problems. Raises EnvironmentProblem when no node wrote anything there."""
     folder = out.resolve() if out is not None else default_folder(jobid)
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"--out {folder}: {err.strerror or err}; give a folder every node can write") from None
-    args = ["dump", "--out", str(folder), "--timeout", f"{timeout_s:g}"] + (["--native"] if native else [])
-    problems = run_step(jobid, args, timeout_s * 2)  # a rank gets two py-spy runs: text, then JSON
+    problems = run_step(jobid, [*verb_args, "--out", str(folder)], step_s)
     if not any(folder.iterdir()):
         reasons = "; ".join(problems) or "no node wrote anything"
         raise EnvironmentProblem(
