@@ -156,11 +156,11 @@ def test_a_slurm_capture_step_takes_its_own_jobs_agent_on_a_shared_node():
         proc(100, 1, TORCHRUN, job), worker(101, 100, 0), worker(102, 100, 1),
         proc(500, 1, TORCHRUN, {"SLURM_JOB_ID": "91", "SLURM_NODEID": "0"}), worker(501, 500, 0),
     )  # fmt: skip
-    assert [r.pid for r in select_ranks(facts, "h", slurm_place=job)] == [101, 102]
+    assert [r.pid for r in select_ranks(facts, "h", place=job)] == [101, 102]
     with pytest.raises(EnvironmentProblem, match="found no torchrun workers"):
-        select_ranks(facts, "h", slurm_place={"SLURM_JOB_ID": "12"})
+        select_ranks(facts, "h", place={"SLURM_JOB_ID": "12"})
     # An agent that says nothing of SLURM (started by hand on the node) is still taken.
-    assert [r.pid for r in select_ranks(one_job(), "h", slurm_place=job)] == [101, 102]
+    assert [r.pid for r in select_ranks(one_job(), "h", place=job)] == [101, 102]
 
 
 def test_a_wrapper_that_looks_like_an_agent_yields_to_the_real_agent_below_it():

@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 
 def _start_agents(
-    out: Path, job: str, env: dict, nodes: int, per_node: int, slurm_job: str | None = None
+    out: Path, job: str, env: dict, nodes: int, per_node: int, slurm_job: str | None = None, pods=None
 ) -> list[subprocess.Popen]:
     """`nodes` torchrun agents on this host, each under `torchtriage run --debug-server` writing one folder,
     meeting through c10d's rendezvous as that many nodes would (with `slurm_job`, each carries the job and
@@ -46,6 +46,8 @@ def _start_agents(
     for node in range(nodes):
         if slurm_job is not None:
             env = {**env, "SLURM_JOB_ID": slurm_job, "SLURM_NODEID": str(node)}
+        if pods is not None:
+            env = {**env, "HOSTNAME": pods[node]}  # the pod's name, as the kubelet sets it
         command = [sys.executable, "-m", "torchtriage", "run", "--debug-server", "--out", str(out)]
         command += ["--stall-seconds", "600", "--", str(TORCHRUN), "--nnodes", str(nodes), "--node_rank", str(node)]
         command += ["--nproc_per_node", str(per_node), "--rdzv_backend", "c10d"]
@@ -370,3 +372,77 @@ def test_dump_and_record_with_slurm_capture_each_node_its_own_ranks(tmp_path):
 def test_slurm_and_pid_do_not_go_together():
     done = run_cli("dump", "--slurm", "4242", "--pid", "1")
     assert done.returncode == exit_codes.USAGE and b"--pid names processes of this node" in done.stderr
+
+
+# ------------------------------------------------------------------- Kubernetes, with a stand-in kubectl
+
+
+@pytest.mark.slow
+def test_diagnose_pods_execs_the_capture_in_every_pod_and_reads_them_together(tmp_path):
+    # Two pods of one job (a PyTorchJob's master and worker), two ranks each; rank 2 sleeps instead of joining.
+    pods = ["myjob-master-0", "myjob-worker-0"]
+    procs = _start_agents(tmp_path / "run", "hang.py", clean_environment(HANG_MODE="skip", HANG_CULPRIT="2"), 2, 2,
+                          pods=pods)  # fmt: skip
+    # In a pod, torchtriage is installed where the training runs: its console script is on the pod's PATH.
+    path = os.pathsep.join((str(STANDINS), str(Path(sys.executable).parent), os.environ["PATH"]))
+    standin = {**os.environ, "PATH": path, "STANDIN_PODS": ",".join(pods),
+               "STANDIN_SELECTOR": "training.kubeflow.org/job-name=myjob"}  # fmt: skip
+    try:
+        assert len([line for proc in procs for line in _ready_lines(proc)]) == 4
+        time.sleep(2)
+        done = subprocess.run(
+            [sys.executable, "-m", "torchtriage", "diagnose", "--pods", "training.kubeflow.org/job-name=myjob",
+             "--out", str(tmp_path / "pods"), "--json"],
+            env=standin, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    finally:
+        stop_agents(procs)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stdout.startswith("{"), done.stderr[-2000:]
+    verdict = json.loads(done.stdout)
+    assert sorted(p.name for p in (tmp_path / "pods").iterdir()) == sorted(pods)  # one folder per pod
+    # Each pod's capture took its own ranks (the pods share this host's process table here).
+    summaries = {pod: json.loads((tmp_path / "pods" / pod / "summary.json").read_text()) for pod in pods}
+    ranks = {pod: sorted(r["rank"] for r in summary["processes"]) for pod, summary in summaries.items()}
+    assert sorted(ranks.values()) == [[0, 1], [2, 3]]  # c10d's rendezvous decides which pod holds which
+    assert verdict["culprit_ranks"] == [2], verdict["summary"]
+    assert verdict["facts"]["user_frame"]["function"] == "culprit_skip"
+
+
+def test_diagnose_pods_says_what_is_wrong(tmp_path):
+    standin = {**os.environ, "PATH": f"{STANDINS}{os.pathsep}{os.environ['PATH']}", "STANDIN_PODS": "a-0",
+               "STANDIN_SELECTOR": "app=x"}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "diagnose", "--pods", "app=other", "--out", str(tmp_path)],
+        env=standin, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == exit_codes.ENVIRONMENT and "no running pod matches -l app=other" in done.stderr
+    bare = {**os.environ, "PATH": str(Path(sys.executable).parent)}
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "diagnose", "--pods", "app=x"], env=bare, capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == exit_codes.ENVIRONMENT and "kubectl is not on PATH" in done.stderr
+    done = run_cli("diagnose", "--namespace", "ns")
+    assert done.returncode == exit_codes.USAGE and b"go with --pods" in done.stderr
+
+
+def test_a_pods_archive_is_read_as_data(tmp_path):
+    import io
+    import tarfile
+
+    from torchtriage.collect.kubernetes import _extract
+
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in (("rank00.txt", b"stack"), ("../escape.txt", b"x"), ("/etc/owned", b"x")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("link")
+        link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tar.addfile(link)
+    refused = _extract(buffer.getvalue(), tmp_path / "pod")
+    assert sorted(refused) == ["../escape.txt", "/etc/owned", "link"]
+    assert [p.name for p in (tmp_path / "pod").iterdir()] == ["rank00.txt"]
+    assert not (tmp_path / "escape.txt").exists()

@@ -50,6 +50,14 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         "(srun --overlap) into --out, a folder the nodes share (default: one in the working directory)",
     )
     parser.add_argument(
+        "--pods",
+        metavar="SELECTOR",
+        help="live, every pod: capture each running pod matching this label selector with kubectl exec "
+        "(e.g. training.kubeflow.org/job-name=myjob), merged into --out",
+    )
+    parser.add_argument("--namespace", metavar="NS", help="with --pods: the pods' namespace")
+    parser.add_argument("--container", metavar="NAME", help="with --pods: the training container of each pod")
+    parser.add_argument(
         "--world-size",
         type=number(int, 1, 1 << 24, "a number of ranks"),
         metavar="N",
@@ -67,14 +75,28 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if sum(map(bool, (args.paths, args.pid, args.store, args.slurm))) > 1:
+    if sum(map(bool, (args.paths, args.pid, args.store, args.slurm, args.pods))) > 1:
         raise UsageError(
-            "give one of PATHs (post-mortem), --pid (live, this node), --store or --slurm (live, every node)."
+            "give one of PATHs (post-mortem), --pid (live, this node), --store, --slurm or --pods (live, every node)."
         )
+    if (args.namespace or args.container) and not args.pods:
+        raise UsageError("--namespace and --container go with --pods.")
     if args.world_size and not args.store:
         raise UsageError("--world-size goes with --store.")
     check_paths(list(args.paths) + args.fr + args.logs)
-    if args.slurm:
+    if args.pods:
+        from torchtriage.collect.live import diagnose_pods
+
+        verdict = diagnose_pods(
+            args.pods,
+            Path(args.out) if args.out else None,
+            namespace=args.namespace,
+            container=args.container,
+            timeout_s=args.timeout,
+            extra_paths=args.fr,
+            logs=args.logs,
+        )
+    elif args.slurm:
         from torchtriage.collect.live import diagnose_slurm
 
         verdict = diagnose_slurm(

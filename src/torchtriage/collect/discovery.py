@@ -30,8 +30,13 @@ WORKER_VARS = ("RANK", "LOCAL_RANK")
 # A SLURM job step's own job and node: a capture step (`srun --overlap --jobid J`) takes job J's ranks on its
 # node, not another job's that shares the node.
 SLURM_PLACE_VARS = ("SLURM_JOB_ID", "SLURM_NODEID")
+# In a Kubernetes pod (KUBERNETES_SERVICE_HOST set), HOSTNAME is the pod's name: a capture in one pod takes
+# that pod's ranks, not those of other pods that share the node's process table (hostPID).
+POD_PLACE_VARS = ("HOSTNAME",)
 LAUNCHER_ENV = tuple(
-    dict.fromkeys(RANK_VARS + LOCAL_RANK_VARS + WORLD_SIZE_VARS + ("TORCHELASTIC_RUN_ID",) + SLURM_PLACE_VARS)
+    dict.fromkeys(
+        RANK_VARS + LOCAL_RANK_VARS + WORLD_SIZE_VARS + ("TORCHELASTIC_RUN_ID",) + SLURM_PLACE_VARS + POD_PLACE_VARS
+    )
 )
 
 _AGENT_MODULES = ("torch.distributed.run", "torch.distributed.launch")
@@ -194,9 +199,9 @@ def select_ranks(
     host: str,
     pids: Sequence[int] | None = None,
     exclude: Iterable[int] = (),
-    slurm_place: Mapping[str, str] | None = None,
+    place: Mapping[str, str] | None = None,
 ) -> list[RankProcess]:
-    """The processes to capture, from a snapshot of the process table. `slurm_place`: the SLURM job (and
+    """The processes to capture, from a snapshot of the process table. `place`: the SLURM job (and
     node) this capture runs in, whose agents alone are taken when an agent says which job it belongs to.
 
     Raises UsageError for a pid that does not exist (or a named agent with no workers, or several
@@ -241,11 +246,11 @@ def select_ranks(
     }
     for agent in wrappers:
         jobs.pop(agent)
-    if slurm_place:
+    if place:
         jobs = {
             agent: workers
             for agent, workers in jobs.items()
-            if all(table[agent].env.get(name, value) == value for name, value in slurm_place.items())
+            if all(table[agent].env.get(name, value) == value for name, value in place.items())
         }
     if not jobs:
         raise EnvironmentProblem(f"found no torchrun workers on this node ({host}); {PID_HINT}.")
@@ -330,4 +335,6 @@ def find_ranks(pids: Sequence[int] | None = None, proc: Path = Path("/proc")) ->
     table = read_process_table(proc)
     own = ancestors(os.getpid(), table)
     place = {name: os.environ[name] for name in SLURM_PLACE_VARS if os.environ.get(name)}
-    return select_ranks(table, socket.gethostname(), pids, exclude=own, slurm_place=place)
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        place |= {name: os.environ[name] for name in POD_PLACE_VARS if os.environ.get(name)}
+    return select_ranks(table, socket.gethostname(), pids, exclude=own, place=place)

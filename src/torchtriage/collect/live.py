@@ -119,3 +119,27 @@ def diagnose_slurm(
     verdict.facts["slurm_job"] = jobid
     verdict.problems.extend(problems)
     return verdict
+
+
+def diagnose_pods(
+    selector: str,
+    out: Path | None = None,
+    *,
+    namespace: str | None = None,
+    container: str | None = None,
+    timeout_s: float = 10.0,
+    extra_paths: list[str] | None = None,
+    logs: list[str] | None = None,
+) -> Verdict:
+    """Every running pod of a Kubernetes job captured with `kubectl exec`, merged, fused into one verdict."""
+    import time as clock
+
+    from torchtriage.collect.capture import default_out_dir
+    from torchtriage.collect.kubernetes import capture_every_pod
+
+    folder = out or default_out_dir() / f"pods-{clock.strftime('%Y%m%d-%H%M%S')}"
+    folder, problems = capture_every_pod(selector, namespace, container, folder, timeout_s)
+    verdict = diagnose_paths([str(folder), *(extra_paths or [])], extra_logs=logs)
+    verdict.facts["capture_folder"] = str(folder)
+    verdict.problems.extend(problems)
+    return verdict

@@ -1,0 +1,110 @@
+"""Every pod of a Kubernetes job (a PyTorchJob's, a JobSet's): the node-local capture run in each pod with
+`kubectl exec`, its folder streamed back as a tar archive, the pods' folders read together as one job.
+
+    kubectl get pods -l SELECTOR [-n NS] --field-selector=status.phase=Running -o name
+    kubectl exec POD [-n NS] [-c CONTAINER] -- sh -c 'torchtriage dump --out D >&2; tar -C D/<host>-<time> -cf - .'
+
+Each pod's folder lands in OUT/<pod>/. The archive is read as data: regular files and folders only, names
+inside the pod's folder, bounded in size; anything else is refused and said.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from torchtriage.errors import EnvironmentProblem, UsageError
+
+_POD_FOLDER = "/tmp/torchtriage-pod-capture"
+_MAX_ARCHIVE = 512 << 20  # one pod's stacks are a few MB
+_POD_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")  # DNS-1123, as Kubernetes names pods
+_SLACK_S = 60.0  # for kubectl to reach the pod and start Python there
+
+
+def _kubectl() -> str:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        raise EnvironmentProblem("kubectl is not on PATH: run this where kubectl reaches the cluster")
+    return kubectl
+
+
+def list_pods(selector: str, namespace: str | None) -> list[str]:
+    command = [_kubectl(), "get", "pods", "-l", selector, "--field-selector=status.phase=Running", "-o", "name"]
+    command += ["-n", namespace] if namespace else []
+    done = subprocess.run(command, capture_output=True, text=True, timeout=_SLACK_S, check=False)
+    if done.returncode != 0:
+        raise EnvironmentProblem(f"kubectl get pods failed: {done.stderr.strip()[-300:] or done.returncode}")
+    pods = [line.strip().removeprefix("pod/") for line in done.stdout.splitlines() if line.strip()]
+    bad = [p for p in pods if not _POD_NAME.fullmatch(p)]
+    if bad:
+        raise EnvironmentProblem(f"kubectl named pods that are not pod names: {bad[:3]}")
+    if not pods:
+        raise EnvironmentProblem(f"no running pod matches -l {selector}" + (f" in {namespace}" if namespace else ""))
+    return pods
+
+
+def _extract(archive: bytes, into: Path) -> list[str]:
+    """A pod's tar archive into `into`: regular files and folders under it only. The names refused."""
+    refused = []
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        for member in tar.getmembers():
+            name = Path(member.name)
+            if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
+                refused.append(member.name)
+                continue
+            target = into / name
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = tar.extractfile(member)
+            if source is not None:
+                target.write_bytes(source.read())
+    return refused
+
+
+def _capture_pod(pod: str, namespace: str | None, container: str | None, dump_args: list[str], folder: Path,
+                 timeout_s: float) -> str | None:  # fmt: skip
+    there = f"{_POD_FOLDER}-{os.getpid()}-{time.time_ns()}"  # this capture's own folder in the pod
+    inner = f"torchtriage dump --out {there} {shlex.join(dump_args)} >&2; "
+    inner += f'd=$(ls -d {there}/*/ | head -n 1) && tar -C "$d" -cf - .'
+    command = [_kubectl(), "exec", pod] + (["-n", namespace] if namespace else [])
+    command += (["-c", container] if container else []) + ["--", "sh", "-c", inner]
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=timeout_s + _SLACK_S, check=False)
+    except subprocess.TimeoutExpired:
+        return f"pod {pod}: no answer within {timeout_s + _SLACK_S:g} s"
+    if not done.stdout:
+        return f"pod {pod}: nothing came back ({done.stderr.decode(errors='replace').strip()[-200:]})"
+    if len(done.stdout) > _MAX_ARCHIVE:
+        return f"pod {pod}: its archive is over {_MAX_ARCHIVE >> 20} MB; refused"
+    try:
+        refused = _extract(done.stdout, folder / pod)
+    except tarfile.TarError as err:
+        return f"pod {pod}: what came back is not a tar archive ({err})"
+    return f"pod {pod}: refused {len(refused)} archive member(s), e.g. {refused[0]!r}" if refused else None
+
+
+def capture_every_pod(
+    selector: str, namespace: str | None, container: str | None, out: Path, timeout_s: float
+) -> tuple[Path, list[str]]:
+    """`dump` in every running pod the selector matches, at once; the merged folder and the problems."""
+    if not selector.strip():
+        raise UsageError("--pods: give a label selector, e.g. --pods training.kubeflow.org/job-name=myjob")
+    pods = list_pods(selector, namespace)
+    out.mkdir(parents=True, exist_ok=True)
+    args = ["--timeout", f"{timeout_s:g}"]
+    with ThreadPoolExecutor(min(64, len(pods))) as pool:
+        problems = list(pool.map(lambda p: _capture_pod(p, namespace, container, args, out, 2 * timeout_s), pods))
+    found = [p for p in problems if p]
+    if not any(out.iterdir()):
+        raise EnvironmentProblem("no pod's capture came back: " + "; ".join(found[:4]))
+    return out, found
