@@ -318,7 +318,10 @@ def test_diagnose_slurm_runs_one_capture_per_node_and_reads_them_together(tmp_pa
     nodes = sorted(p for p in (tmp_path / "shared").iterdir() if p.is_dir())
     assert len(nodes) == 2, (done.stdout, done.stderr)  # one folder per node
     assert done.returncode == exit_codes.PROBLEM_FOUND, done.stdout
-    assert "culprit   3" in done.stdout and "hang.py:52 in culprit_skip" in done.stdout, done.stdout
+    sleep_line = next(
+        n for n, line in enumerate((JOBS / "hang.py").read_text().splitlines(), 1) if "time.sleep(FOREVER_S)" in line
+    )
+    assert "culprit   3" in done.stdout and f"hang.py:{sleep_line} in culprit_skip" in done.stdout, done.stdout
 
 
 def test_diagnose_slurm_says_what_is_wrong_without_srun_or_with_a_wrong_job(tmp_path):
