@@ -103,12 +103,14 @@ def culprit_lock(tensor: torch.Tensor) -> None:
     Counter().bump()
 
 
-# A busy rank's work: many small functions, each its own code object. The watchdog samples the main thread
-# where it lets go of the GIL (at a call or a loop's jump back): across these, the sampled place keeps moving.
+# A busy rank's work: many small steps, each its own code object, each letting go of the GIL for a moment
+# (as real work does: I/O, a kernel launch). The watchdog sees the main thread where it lets go of the GIL:
+# across these steps, that place keeps moving. A tight pure-Python loop would not do: it lets go at its one
+# jump back, always the same place, and looks stalled.
 BUSY_STEPS = []
 for _k in range(24):
-    _namespace: dict = {}
-    exec(f"def busy_step_{_k}(x):\n    return (x * 31 + {_k}) % 1_000_003\n", _namespace)  # noqa: S102
+    _namespace: dict = {"time": time}
+    exec(f"def busy_step_{_k}(x):\n    time.sleep(0.001)\n    return (x * 31 + {_k}) % 1_000_003\n", _namespace)  # noqa: S102
     BUSY_STEPS.append(_namespace[f"busy_step_{_k}"])
 
 
