@@ -449,3 +449,58 @@ def test_a_pods_archive_is_read_as_data(tmp_path):
     assert sorted(refused) == ["../escape.txt", "/etc/owned", "link"]
     assert [p.name for p in (tmp_path / "pod").iterdir()] == ["rank00.txt"]
     assert not (tmp_path / "escape.txt").exists()
+
+
+# ------------------------------------------------------------ the debug server's periodic dumps (dump_dir)
+
+
+def _faulthandler_text(function: str, line: int, in_collective: bool) -> str:
+    """A rank's stack in faulthandler's form, as the worker's dump_traceback handler returns it."""
+    frames = ['  File "/venv/torch/distributed/distributed_c10d.py", line 2950 in all_reduce'] if in_collective else []
+    frames += [f'  File "/job/train.py", line {line} in {function}', '  File "/job/train.py", line 99 in <module>']
+    return "Thread 0x00007f0000000001 (most recent call first):\n" + "\n".join(frames) + "\n"
+
+
+def _stacks_dump(sections: dict[int, str], failed: dict[int, str] | None = None) -> str:
+    """A `stacks_<time>.txt` as the debug server's periodic dumper writes it (StacksHandler.dump)."""
+    parts = []
+    failed = failed or {}
+    if failed:
+        total = len(sections) + len(failed)
+        parts += [f"PARTIAL DATA: {len(sections)}/{total} workers responded"]
+        parts += [f"  Rank {rank}: {why}" for rank, why in failed.items()] + [""]
+    for rank in sorted({*sections, *failed}):
+        parts.append(f"=== Rank {rank}: http://node{rank // 4}:4{rank:04d}/handler/dump_traceback? ===")
+        parts.append(sections[rank] if rank in sections else "Error: 500")
+    return "\n".join(parts)
+
+
+def test_the_debug_servers_periodic_stacks_dumps_are_read_the_newest_first(tmp_path):
+    dump_dir = tmp_path / "debug_dumps"
+    dump_dir.mkdir()
+    # An hour ago every rank was training; now ranks 0-2 wait in all_reduce and rank 3 sleeps. Rank 5 is gone.
+    old = {r: _faulthandler_text("forward", 30, in_collective=False) for r in range(6)}
+    (dump_dir / "stacks_20261201_100000.txt").write_text(_stacks_dump(old))
+    now = {r: _faulthandler_text("sync_gradients", 41, in_collective=True) for r in (0, 1, 2, 4)}
+    now[3] = _faulthandler_text("load_checkpoint", 57, in_collective=False)
+    (dump_dir / "stacks_20261201_110000.txt").write_text(_stacks_dump(now, failed={5: "timed out"}))
+    done = run_cli("diagnose", str(dump_dir), "--json")
+    verdict = json.loads(done.stdout)
+    assert verdict["culprit_ranks"] == [3], verdict["summary"]
+    assert verdict["facts"]["user_frame"]["function"] == "load_checkpoint"
+    assert any("rank 5 gave no stack in this dump (timed out)" in p for p in verdict["problems"])
+
+
+def test_a_stacks_dump_is_named_as_what_it_is(tmp_path):
+    path = tmp_path / "stacks_20261201_110000.txt"
+    path.write_text(_stacks_dump({0: _faulthandler_text("f", 1, True)}))
+    done = run_cli("triage", str(path))
+    assert b"debug server's dump of every rank's stack" in done.stderr + done.stdout
+
+
+def test_a_stacks_dump_with_nothing_readable_says_so(tmp_path):
+    text = b"=== Rank 0: x ===\n\x00\xffnot a stack\n=== Rank 1: y ===\n"
+    (tmp_path / "stacks_20261201_110000.txt").write_bytes(text)
+    done = run_cli("diagnose", str(tmp_path))
+    assert done.returncode == exit_codes.BAD_INPUT and b"Traceback" not in done.stderr
+    assert b"(rank 0): no 'Thread 0x" in done.stderr

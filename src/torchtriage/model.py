@@ -76,6 +76,7 @@ class SourceKind(_Vocabulary):
     LOG = "log"
     PYSPY = "pyspy"
     FAULTHANDLER = "faulthandler"
+    DEBUG_SERVER_STACKS = "debug_server_stacks"  # every rank's stack in one file (PyTorch's debug server)
     FLIGHT_RECORDER = "flight_recorder"
     PROFILER_TRACE = "profiler_trace"
     MEMORY_SNAPSHOT = "memory_snapshot"

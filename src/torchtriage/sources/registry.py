@@ -118,6 +118,16 @@ def _faulthandler(head: Head) -> bool:
     return bool(_FAULTHANDLER.match(head.data))
 
 
+# PyTorch's debug server's periodic dump of every rank's stack (sources/debug_server_dumps.py)
+_DEBUG_SERVER_STACKS = re.compile(
+    rb"\A(?:PARTIAL DATA: \d+/\d+ workers responded\n)?[^\0]{0,4096}?^=== Rank \d+: ", re.MULTILINE
+)
+
+
+def _debug_server_stacks(head: Head) -> bool:
+    return head.data.startswith((b"=== Rank ", b"PARTIAL DATA: ")) and bool(_DEBUG_SERVER_STACKS.match(head.data))
+
+
 def _nvidia(head: Head) -> bool:
     if _is_json_object(head):
         return head.has(b'"gpus"') and head.has(b'"driver"', b'"nvml"')
@@ -152,6 +162,9 @@ SOURCE_TYPES: tuple[SourceType, ...] = (
     SourceType(SourceKind.MEMORY_TIMELINE, "a memory timeline (export_memory_timeline)", "", _memory_timeline),
     SourceType(SourceKind.PYSPY, "a py-spy stack dump", "diagnose", _pyspy),
     SourceType(SourceKind.FAULTHANDLER, "a faulthandler stack dump", "diagnose", _faulthandler),
+    SourceType(
+        SourceKind.DEBUG_SERVER_STACKS, "a debug server's dump of every rank's stack", "diagnose", _debug_server_stacks
+    ),
     SourceType(SourceKind.NVIDIA, "nvidia-smi or NVML output", "nvlink --from", _nvidia),
     SourceType(SourceKind.DOCUMENT, "a document or source file", "", _document),
     SourceType(SourceKind.LOG, "a log", "triage", _log),

@@ -4,15 +4,17 @@ one file per rank, the rank from its name (`rank03.txt`, `faulthandler-rank3.txt
 from __future__ import annotations
 
 import os
+import re
 
 from torchtriage.errors import InputError
 from torchtriage.model import SourceKind
+from torchtriage.sources.debug_server_dumps import parse_debug_server_stacks
 from torchtriage.sources.faulthandler import parse_faulthandler
 from torchtriage.sources.pyspy import ProcessStack, read_rank_dump
 from torchtriage.sources.registry import Input, discover, rank_from_name
 from torchtriage.sources.streams import read_text
 
-_STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER)
+_STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER, SourceKind.DEBUG_SERVER_STACKS)
 
 
 def _preference(process: ProcessStack) -> tuple[bool, bool, bool, bool]:
@@ -46,20 +48,52 @@ def load_rank_stacks(paths: list[str | os.PathLike], problems: list[str] | None 
     return load_stack_inputs(inputs, problems)
 
 
+_MOMENT = re.compile(r"_\d{8}_\d{6}(?=\.txt$)")
+
+
+def _newest_periodic(inputs: list[Input]) -> list[Input]:
+    """Of a debug server's periodic dumps, only the newest of each handler in each folder: an older one is the
+    job's past (a rank missing from the newest did not answer then; its stack of an hour ago says nothing)."""
+    newest: dict[tuple[str, str], Input] = {}
+    kept = []
+    for item in inputs:
+        if item.kind != SourceKind.DEBUG_SERVER_STACKS:
+            kept.append(item)
+            continue
+        folder, name = os.path.split(item.path)
+        key = (folder, _MOMENT.sub("", name))
+        if key not in newest or os.path.basename(newest[key].path) < name:
+            newest[key] = item
+    return kept + list(newest.values())
+
+
+def _read(item: Input, problems: list[str] | None) -> dict[int, ProcessStack]:
+    if item.kind == SourceKind.DEBUG_SERVER_STACKS:
+        stacks, missing = parse_debug_server_stacks(read_text(item.path, "the dump"), item.path)
+        if problems is not None:
+            problems.extend(missing)
+        return stacks
+    reader = _read_faulthandler if item.kind == SourceKind.FAULTHANDLER else read_rank_dump
+    rank, process = reader(item.path)
+    return {rank: process}
+
+
 def load_stack_inputs(inputs: list[Input], problems: list[str] | None = None) -> dict[int, ProcessStack]:
     """`load_rank_stacks` of stack dumps already discovered (a folder of 16k ranks is not sniffed twice)."""
     chosen: dict[int, ProcessStack] = {}
-    for item in inputs:
+    # A debug server's periodic dumps hold every rank, one file per moment: only the newest is read.
+    ordered = sorted(_newest_periodic(inputs), key=lambda i: (i.kind == SourceKind.DEBUG_SERVER_STACKS, i.path))
+    for item in ordered:
         try:
-            reader = _read_faulthandler if item.kind == SourceKind.FAULTHANDLER else read_rank_dump
-            rank, process = reader(item.path)
+            found = _read(item, problems)
         except InputError as err:
             if problems is None:
                 raise
             problems.append(str(err))
             continue
-        if rank not in chosen or _preference(process) > _preference(chosen[rank]):
-            chosen[rank] = process
+        for rank, process in found.items():
+            if rank not in chosen or _preference(process) > _preference(chosen[rank]):
+                chosen[rank] = process
     if not chosen:
         raise InputError("no stack dump could be read:\n  " + "\n  ".join(problems or []))
     return dict(sorted(chosen.items()))
