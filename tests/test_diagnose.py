@@ -72,6 +72,17 @@ def test_live_diagnose_names_the_rank_that_skipped_and_its_line():
     assert verdict["facts"]["user_frame"]["function"] == "culprit_skip"
 
 
+def _watchdog_verdict(out, timeout: float = 90) -> dict:
+    """The verdict the reporting rank's watchdog writes into OUT/hang, waited for."""
+    verdict_file = out / "hang" / "verdict.json"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not verdict_file.exists():
+        time.sleep(0.5)
+    assert verdict_file.exists(), f"no verdict in {os.listdir(out / 'hang') if (out / 'hang').exists() else out}"
+    time.sleep(0.5)  # the reporter writes the JSON, then the text
+    return json.loads(verdict_file.read_text())
+
+
 @pytest.mark.slow
 def test_run_arms_a_watchdog_that_writes_the_verdict_before_the_job_is_killed(tmp_path):
     pytest.importorskip("torch")
@@ -80,13 +91,7 @@ def test_run_arms_a_watchdog_that_writes_the_verdict_before_the_job_is_killed(tm
     out = tmp_path / "run"
     prefix = (sys.executable, "-m", "torchtriage", "run", "--out", str(out), "--stall-seconds", "4", "--")
     with HungJob(mode="skip", culprit=1, prefix=prefix):
-        deadline = time.monotonic() + 90
-        verdict_file = out / "hang" / "verdict.json"
-        while time.monotonic() < deadline and not verdict_file.exists():
-            time.sleep(0.5)
-        assert verdict_file.exists(), f"no verdict in {os.listdir(out / 'hang') if (out / 'hang').exists() else out}"
-        time.sleep(0.5)  # the reporter writes the JSON, then the text
-        verdict = json.loads(verdict_file.read_text())
+        verdict = _watchdog_verdict(out)
     assert verdict["culprit_ranks"] == [1]
     assert {"stacks", "flight_recorder"} <= set(verdict["facts"]["sources_used"])
     assert (out / "hang" / "rank00.txt").exists() and (out / "hang" / "rank01.txt").exists()
@@ -142,13 +147,7 @@ def test_a_busy_culprit_that_never_stalls_dumps_when_a_stalled_rank_wakes_it(tmp
     out = tmp_path / "run"
     prefix = (sys.executable, "-m", "torchtriage", "run", "--out", str(out), "--stall-seconds", "4", "--")
     with HungJob(mode="busy", culprit=1, prefix=prefix):
-        verdict_file = out / "hang" / "verdict.json"
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and not verdict_file.exists():
-            time.sleep(0.5)
-        assert verdict_file.exists(), f"no verdict in {out}"
-        time.sleep(0.5)
-        verdict = json.loads(verdict_file.read_text())
+        verdict = _watchdog_verdict(out)
     busy = (out / "hang" / "rank01.txt").read_text()
     assert '(active): "MainThread"' in busy and "culprit_busy" in busy  # dumped on request, while moving
     assert '(idle): "MainThread"' in (out / "hang" / "rank00.txt").read_text()  # stalled by itself

@@ -17,8 +17,8 @@ from torchtriage.analysis.fusion import HANG_SOURCES, fuse
 from torchtriage.errors import InputError, TriageError
 from torchtriage.model import Assessment, Category, SourceKind, Verdict
 from torchtriage.sources.registry import Input, discover, not_read_here
+from torchtriage.sources.stacks import STACK_KINDS
 
-STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER, SourceKind.DEBUG_SERVER_STACKS)
 # What a post-mortem reads: a hang's three sources, and what slow or out-of-memory jobs leave.
 RUN_KINDS = (
     SourceKind.LOG,

@@ -4,12 +4,13 @@ recorder, and fuse what came back (with any dumps and logs the user adds)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from torchtriage.analysis.postmortem import diagnose_paths
 from torchtriage.collect.capture import capture_stacks
 from torchtriage.collect.discovery import parse_environ
-from torchtriage.model import Verdict
+from torchtriage.model import Assessment, Verdict
 from torchtriage.protocol import FR_SUBDIR, REQUEST_FILE, RUN_DIR_ENV, hang_dir
 
 # How long to wait for ranks started by `torchtriage run` to answer a dump request: their watchdogs
@@ -42,6 +43,23 @@ def request_fresh_dumps(folder: Path, ranks: int, wait_s: float = ARMED_WAIT_S) 
     return fr if fr.is_dir() and any(fr.iterdir()) else None
 
 
+def _verdict_of_capture(
+    folder: Path,
+    problems: list[str],
+    extra_paths: list[str] | None,
+    logs: list[str] | None,
+    *,
+    more_paths: Sequence[str] = (),
+    collected: Sequence[Assessment] = (),
+) -> Verdict:
+    """The fused verdict of what a live capture wrote into `folder` (and the user's own paths and logs), with
+    the capture's own problems and what its collector said by itself."""
+    verdict = diagnose_paths([str(folder), *(extra_paths or []), *more_paths], extra_logs=logs, collected=collected)
+    verdict.facts["capture_folder"] = str(folder)
+    verdict.problems.extend(problems)
+    return verdict
+
+
 def diagnose_live(
     pids: list[int] | None = None,
     out: Path | None = None,
@@ -52,17 +70,13 @@ def diagnose_live(
     logs: list[str] | None = None,
 ) -> Verdict:
     capture = capture_stacks(pids, out, native=native, timeout_s=timeout_s)
-    sources = [str(capture.folder), *(extra_paths or [])]
     captured = [p.target.pid for p in capture.processes]
     armed = armed_run_dir(captured)
-    if armed is not None:
-        fresh = request_fresh_dumps(armed, len(captured))
-        if fresh is not None:
-            sources.append(str(fresh))
-    verdict = diagnose_paths(sources, extra_logs=logs)
-    verdict.facts["capture_folder"] = str(capture.folder)
-    verdict.problems.extend(f"rank {p.target.rank} (pid {p.target.pid}): {p.error}" for p in capture.failures)
-    return verdict
+    fresh = request_fresh_dumps(armed, len(captured)) if armed is not None else None
+    failures = [f"rank {p.target.rank} (pid {p.target.pid}): {p.error}" for p in capture.failures]
+    return _verdict_of_capture(
+        capture.folder, failures, extra_paths, logs, more_paths=[str(fresh)] if fresh is not None else []
+    )
 
 
 def diagnose_from_store(
@@ -88,8 +102,7 @@ def diagnose_from_store(
         reasons = "\n  ".join(collected.problems) or "no rank answered"
         raise EnvironmentProblem(f"no rank's debug server answered:\n  {reasons}")
     answers = [a for a in (assess_answers(collected),) if a is not None]
-    verdict = diagnose_paths([str(folder), *(extra_paths or [])], extra_logs=logs, collected=answers)
-    verdict.facts["capture_folder"] = str(folder)
+    verdict = _verdict_of_capture(folder, collected.problems, extra_paths, logs, collected=answers)
     verdict.facts["debug_server"] = verdict.facts.get("debug_server", {}) | {
         "store": address,
         "world_size": collected.world_size,
@@ -97,7 +110,6 @@ def diagnose_from_store(
         "not_answering": {str(rank): why for rank, why in sorted(collected.not_answering.items())[:64]},
         "unregistered": collected.unregistered[:64],
     }
-    verdict.problems.extend(collected.problems)
     return verdict
 
 
@@ -114,10 +126,8 @@ def diagnose_slurm(
     from torchtriage.collect.slurm import capture_every_node
 
     folder, problems = capture_every_node(jobid, out, timeout_s, native)
-    verdict = diagnose_paths([str(folder), *(extra_paths or [])], extra_logs=logs)
-    verdict.facts["capture_folder"] = str(folder)
+    verdict = _verdict_of_capture(folder, problems, extra_paths, logs)
     verdict.facts["slurm_job"] = jobid
-    verdict.problems.extend(problems)
     return verdict
 
 
@@ -139,7 +149,4 @@ def diagnose_pods(
 
     folder = out or default_out_dir() / f"pods-{clock.strftime('%Y%m%d-%H%M%S')}"
     folder, problems = capture_every_pod(selector, namespace, container, folder, timeout_s)
-    verdict = diagnose_paths([str(folder), *(extra_paths or [])], extra_logs=logs)
-    verdict.facts["capture_folder"] = str(folder)
-    verdict.problems.extend(problems)
-    return verdict
+    return _verdict_of_capture(folder, problems, extra_paths, logs)

@@ -14,7 +14,7 @@ from torchtriage.sources.pyspy import ProcessStack, read_rank_dump
 from torchtriage.sources.registry import Input, discover, rank_from_name
 from torchtriage.sources.streams import read_text
 
-_STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER, SourceKind.DEBUG_SERVER_STACKS)
+STACK_KINDS = (SourceKind.PYSPY, SourceKind.FAULTHANDLER, SourceKind.DEBUG_SERVER_STACKS)
 
 
 def _preference(process: ProcessStack) -> tuple[bool, bool, bool, bool]:
@@ -40,7 +40,7 @@ def load_rank_stacks(paths: list[str | os.PathLike], problems: list[str] | None 
     still used; without it, it raises.
     """
     seen: list[str] = []
-    inputs = [i for i in discover([str(p) for p in paths], seen) if i.kind in _STACK_KINDS]
+    inputs = [i for i in discover([str(p) for p in paths], seen) if i.kind in STACK_KINDS]
     if not inputs:
         raise InputError(
             f"no py-spy dumps (rank<N>.txt or rank<N>.json) or faulthandler dumps in {', '.join(map(str, paths))}"
