@@ -32,8 +32,19 @@ clipping see true values), makes the scaler's found-inf flag agree across ranks,
 `scaler.step`/`scaler.update` skip the step and lower the scale — the step is skipped once, by the
 scaler, and counted once. Gradient clipping (`max_grad_norm=`) uses the same agreed norm.
 
+Where the value was born (`model=`, `locate=True`, and `guard.step(..., replay=closure)` where
+`closure()` recomputes the loss of the same batch): on a skipped step — agreed, so every rank takes
+the same path — every rank replays the batch twice under `locate_nonfinite`, the ranks gather their
+origins, and every rank decides the same suspect: the data, the numerics or the hardware
+(`nonfinite_verdict`). Under DDP the replay runs inside `no_sync()` and under FSDP2 with gradient
+reduction off, so each rank's gradients are its own; FSDP2's forward all-gathers still run, on every
+rank together. Rank 0 appends the record to `report_dir/nonfinite.jsonl` (the run folder under
+`torchtriage run`) and logs one line that `triage` reads. `watch="blocks"` adds a device-side flag
+per top-level block (`block_flags`), read only on a skip, which names the block on the step itself.
+
 Cost when nothing is wrong: one pass over the gradients (what `clip_grad_norm_` does anyway), one
-all-reduce of two floats, and one device-to-host copy of them per step.
+all-reduce of two floats, and one device-to-host copy of them per step. `locate=True` costs nothing
+until a step is skipped; `watch="blocks"` costs two small kernels per block output.
 """
 
 from __future__ import annotations
@@ -45,6 +56,9 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from torchtriage.protocol import RUN_DIR_ENV
+from torchtriage.runtime import nonfinite_verdict
 
 logger = logging.getLogger("torchtriage.guard")
 
@@ -74,8 +88,11 @@ class SkippedBatch:
 
     step: int
     grad_norm: float
-    # rank -> {"batch_index": ..., "sample_ids": ..., "local_nonfinite": bool}
+    # rank -> {"batch_index": ..., "sample_ids": ..., "local_nonfinite": bool, "loss_finite": bool | None,
+    #          and with locate=True: "replayed", "origin", "origin_again", "replay_error"; with watch: "blocks"}
     ranks: dict[int, dict[str, Any]] = field(default_factory=dict)
+    suspect: str | None = None  # data, numerics, hardware, loss_scale or undetermined (locate=True)
+    evidence: str = ""
 
     @property
     def culprit_ranks(self) -> list[int]:
@@ -114,6 +131,11 @@ class NonFiniteGuard:
         check_weights_every: also check that the weights are finite every N applied steps (0: only
             when a step is non-finite, which is when broken weights show up). Costs one pass over the
             weights and one all-reduce.
+        model: the model the optimizer trains (needed by `locate` and `watch`).
+        locate: on a skipped step, replay it (`guard.step(replay=closure)`) and find where the first
+            non-finite value appeared, on every rank, and whether it is the data, numerics or hardware.
+        report_dir: where rank 0 appends `nonfinite.jsonl` (default: the run folder of `torchtriage run`).
+        watch: "blocks" (or a list of module names) keeps a device-side flag per block output.
     """
 
     def __init__(
@@ -127,7 +149,13 @@ class NonFiniteGuard:
         group=None,
         pipeline_group=None,
         check_weights_every: int = DEFAULT_CHECK_WEIGHTS_EVERY,
+        model=None,
+        locate: bool = False,
+        report_dir: str | os.PathLike | None = None,
+        watch: str | list[str] | None = None,
     ):
+        if (locate or watch) and model is None:
+            raise ValueError("NonFiniteGuard: locate= and watch= need model= (the model the optimizer trains)")
         self.optimizer = optimizer
         if parameters is None:
             parameters = [p for g in optimizer.param_groups for p in g["params"]]
@@ -149,6 +177,15 @@ class NonFiniteGuard:
         self._window_applied = 0
         self._window_skipped = 0
         self._warned_partial = False
+        self.model = model
+        self.locate = bool(locate)
+        report_dir = report_dir if report_dir is not None else os.environ.get(RUN_DIR_ENV) or None
+        self.report_dir = None if report_dir is None else os.fspath(report_dir)
+        self.block_flags = None
+        if watch is not None:
+            from torchtriage.runtime.block_flags import BlockFlags
+
+            self.block_flags = BlockFlags(model, None if watch == "blocks" else list(watch))
 
     # -- the rank -----------------------------------------------------------------------------
     def _rank(self) -> int:
@@ -307,11 +344,14 @@ class NonFiniteGuard:
         batch_index: Any = None,
         sample_ids: Any = None,
         step: int | None = None,
+        replay=None,
     ) -> StepOutcome:
         """Apply the optimizer step if the agreed global gradient norm is finite; otherwise skip it everywhere.
 
         `loss` (optional) feeds the logging window (`log_window`); `batch_index` and `sample_ids`
         are recorded if the step is skipped; `step` overrides the guard's own step counter in messages.
+        `replay` (with `locate=True`): a callable that recomputes the loss of the same batch, run only
+        on a skipped step, on every rank, to find where the non-finite value was born.
         Raises `NonFiniteStepsError` on every rank after too many consecutive skips or on non-finite weights.
         """
         self.step_count += 1
@@ -323,8 +363,12 @@ class NonFiniteGuard:
         norm, nonfinite = self._agree(stage_sum, local_flag)
         self.last_grad_norm = norm
         if nonfinite:
-            self._skip(step_number, norm, bool(local_flag.item()), batch_index, sample_ids)
+            try:
+                self._skip(step_number, norm, bool(local_flag.item()), batch_index, sample_ids, loss, replay)
+            finally:
+                self._reset_block_flags()
             return StepOutcome(step_number, applied=False, grad_norm=norm)
+        self._reset_block_flags()
         clipped = self.max_grad_norm is not None and self._clip(norm, float(self.max_grad_norm))
         if self.scaler is not None and self.scaler.is_enabled():
             self.scaler.step(self.optimizer, *(() if closure is None else (closure,)))
@@ -343,7 +387,13 @@ class NonFiniteGuard:
             self._raise_if_weights_nonfinite(step_number)
         return StepOutcome(step_number, applied=True, grad_norm=norm, clipped=bool(clipped))
 
-    def _skip(self, step_number: int, norm: float, local_nonfinite: bool, batch_index, sample_ids) -> None:
+    def _reset_block_flags(self) -> None:
+        if self.block_flags is not None:
+            self.block_flags.reset()
+
+    def _skip(
+        self, step_number: int, norm: float, local_nonfinite: bool, batch_index, sample_ids, loss=None, replay=None
+    ) -> None:
         self.nonfinite_steps_skipped += 1
         self.consecutive_nonfinite_steps += 1
         self._window_skipped += 1
@@ -357,7 +407,8 @@ class NonFiniteGuard:
             except _ScalerUnavailable:
                 pass
         self.optimizer.zero_grad(set_to_none=True)
-        record = self._record(step_number, norm, local_nonfinite, batch_index, sample_ids)
+        found = self._find_origin(loss, replay)
+        record = self._record(step_number, norm, local_nonfinite, batch_index, sample_ids, found)
         rank = self._rank()
         if rank == 0:
             scale = ""
@@ -365,7 +416,7 @@ class NonFiniteGuard:
                 scale = f"; GradScaler skipped it and lowered the scale to {self.scaler.get_scale():g}"
             where = ""
             if record.culprit_ranks:
-                shown = {r: record.ranks[r] for r in record.culprit_ranks[:8]}
+                shown = {r: _batch_of(record.ranks[r]) for r in record.culprit_ranks[:8]}
                 where = f"; non-finite gradients on rank(s) {record.culprit_ranks}, their batches: {shown}"
             elif batch_index is not None or sample_ids is not None:
                 where = f"; batch_index={batch_index!r}, sample_ids={_short(sample_ids)!r}"
@@ -379,6 +430,8 @@ class NonFiniteGuard:
                 scale,
                 where,
             )
+            if found:
+                self._report_origin(record)
         self._raise_if_weights_nonfinite(step_number)
         limit = self.max_consecutive_nonfinite_steps
         if limit > 0 and self.consecutive_nonfinite_steps >= limit:
@@ -390,11 +443,13 @@ class NonFiniteGuard:
                 "guard.skipped_batches, and resume from the last good checkpoint."
             )
 
-    def _record(self, step_number, norm, local_nonfinite, batch_index, sample_ids) -> SkippedBatch:
+    def _record(self, step_number, norm, local_nonfinite, batch_index, sample_ids, found=None) -> SkippedBatch:
         mine = {
             "batch_index": _short(batch_index),
             "sample_ids": _short(sample_ids),
             "local_nonfinite": local_nonfinite,
+            "grads_reduced": self._reduced_before_step(),
+            **(found or {}),
         }
         if isinstance(mine["sample_ids"], list) and len(mine["sample_ids"]) > 4 * _SAMPLE_IDS_SHOWN:
             mine["sample_ids"] = mine["sample_ids"][: 4 * _SAMPLE_IDS_SHOWN] + ["..."]
@@ -405,8 +460,94 @@ class NonFiniteGuard:
             # Every rank takes this branch (the skip is agreed), so this rare gather cannot desynchronise.
             gathered = dict(_gather_objects((rank, mine), self.group, self._device()))
         record = SkippedBatch(step=step_number, grad_norm=norm, ranks=gathered)
+        if found:
+            record.suspect, record.evidence = nonfinite_verdict.judge(
+                gathered, scaler=found.get("scaler", False), sharded_weights=self._sharded_weights()
+            )
         self.skipped_batches.append(record)
         return record
+
+    # -- where the value was born ---------------------------------------------------------------
+    def _reduced_before_step(self) -> bool:
+        """Whether the gradients the guard sees were already reduced across ranks (DDP's all-reduce,
+        FSDP2's reduce-scatter): then they name no rank unless some ranks' differ from the others'."""
+        if self.model is None:
+            return False
+        from torchtriage.runtime.locate import unwrap_model
+
+        if "DistributedDataParallel" in unwrap_model(self.model)[1]:
+            return True
+        return any(hasattr(m, "set_requires_gradient_sync") for m in self.model.modules())
+
+    def _sharded_weights(self) -> bool:
+        return any(hasattr(p, "placements") for p in self.parameters)
+
+    def _find_origin(self, loss, replay) -> dict[str, Any] | None:
+        """This rank's evidence for the skipped step: its loss, its block flags and two replays' origins.
+
+        Every rank gets here together (the skip is agreed), so the replays' collectives (FSDP2's
+        all-gathers) meet; a replay that raises is caught and reported, never left to one rank.
+        """
+        if not (self.locate or self.block_flags is not None):
+            return None
+        import torch
+
+        found: dict[str, Any] = {"scaler": self.scaler is not None and self.scaler.is_enabled()}
+        if isinstance(loss, torch.Tensor):
+            found["loss_finite"] = bool(torch.isfinite(loss.detach()).all().item())
+        if self.block_flags is not None:
+            found["blocks"] = {"block": None} | (self.block_flags.read() or {})
+        if self.locate and replay is not None:
+            found["replayed"] = True
+            try:
+                with self._local_replay():
+                    found["origin"] = self._locate_once(replay)
+                    found["origin_again"] = self._locate_once(replay)
+            except Exception as error:  # noqa: BLE001 - reported in the record, never left to one rank
+                found["replay_error"] = f"{type(error).__name__}: {error}"[:300]
+        return found
+
+    def _locate_once(self, replay):
+        from torchtriage.runtime.locate import locate_nonfinite
+
+        return locate_nonfinite(self.model, replay, optimizer=self.optimizer)
+
+    def _local_replay(self):
+        """DDP without its all-reduce, so that each rank's gradients are its own.
+
+        FSDP2 keeps its reduce-scatter: with gradient sync off it would accumulate the replay's
+        unsharded gradients inside its own state, into the next real step. Every rank replays
+        together, so its collectives meet, and the locator checks each rank's values before they
+        are reduced.
+        """
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        ddp = next((m for m in _wrappers_of(self.model) if type(m).__name__ == "DistributedDataParallel"), None)
+        if ddp is not None:
+            stack.enter_context(ddp.no_sync())
+            return stack
+        return stack
+
+    def _report_origin(self, record: SkippedBatch) -> None:
+        entry = nonfinite_verdict.record(
+            record.step,
+            record.grad_norm,
+            record.ranks,
+            scaler=any(info.get("scaler") for info in record.ranks.values()),
+            sharded_weights=self._sharded_weights(),
+        )
+        logger.warning("%s", nonfinite_verdict.log_line(entry))
+        if self.report_dir is None:
+            return
+        import json
+
+        try:
+            os.makedirs(self.report_dir, exist_ok=True)
+            with open(os.path.join(self.report_dir, "nonfinite.jsonl"), "a", encoding="utf-8") as out:
+                out.write(json.dumps(entry, default=repr) + "\n")
+        except OSError as error:
+            logger.warning("torchtriage NonFiniteGuard: could not write %s/nonfinite.jsonl: %s", self.report_dir, error)
 
     def _raise_if_weights_nonfinite(self, step_number: int) -> None:
         if not self.weights_finite():
@@ -460,6 +601,20 @@ class NonFiniteGuard:
         for key, value in state.items():
             if key in self.state_dict():
                 setattr(self, key, value)
+
+
+def _wrappers_of(model) -> list:
+    """The model and the modules it wraps (torch.compile's `_orig_mod`, DDP's `module`), outermost first."""
+    chain = [model]
+    while True:
+        inner = getattr(chain[-1], "_orig_mod", None) or getattr(chain[-1], "module", None)
+        if inner is None or not hasattr(inner, "modules") or len(chain) > 4:
+            return chain
+        chain.append(inner)
+
+
+def _batch_of(info: dict[str, Any]) -> dict[str, Any]:
+    return {key: info.get(key) for key in ("batch_index", "sample_ids")}
 
 
 class _ScalerUnavailable(Exception):
