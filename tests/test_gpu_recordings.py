@@ -28,3 +28,33 @@ def test_profile_steps_traces_from_nccl_ranks_are_read_with_their_collectives():
             assert abs(parts - step["duration"]) < 1e-3 * step["duration"]
             assert step["communication"] > 0  # the NCCL all_reduce kernels are counted
     assert facts["collectives"], "the NCCL collectives were matched across the two ranks"
+
+
+NONFINITE = FIXTURES / "h200x1" / "nonfinite"
+
+
+def test_the_locator_checks_recorded_on_cuda_all_passed_and_name_the_origin():
+    recorded = json.loads((NONFINITE / "check_nonfinite.json").read_text())
+    assert recorded["device"] == "NVIDIA H200" and recorded["checks"]
+    failed = [name for name, check in recorded["checks"].items() if not check["ok"]]
+    assert failed == []
+    assert "aten._to_copy in the forward of head" in recorded["checks"]["cuda_fp16_autocast_overflow"]["detail"]
+    assert "replayed eagerly" in recorded["checks"]["cuda_inductor_compiled_replayed_eagerly"]["detail"]
+    for report in recorded["attention"][:-1]:  # every SDPA backend runs on the H200 at these shapes
+        assert {e["backend"] for e in report["backends"] if e["available"]} == {"math", "flash", "efficient", "cudnn"}
+
+
+def test_the_guards_cuda_log_lines_are_read_by_triage():
+    done = run_cli("triage", "--json", NONFINITE / "check_nonfinite.log")
+    verdict = json.loads(done.stdout)
+    assert verdict["category"] == "nan_inf" and verdict["culprit_ranks"] == [0]
+    kinds = [f["kind"] for f in verdict["findings"]]
+    assert kinds[0] == "nan_inf.origin_data" and "nan_inf.origin_loss_scale" in kinds
+    assert any("layers.2.act" in a["detail"] for a in verdict["actions"])
+
+
+def test_anomaly_mode_names_the_loss_where_the_locator_names_the_planted_layer():
+    for size in (256, 1024, 2048):
+        recorded = json.loads((NONFINITE / f"overhead_d{size}.json").read_text())["origin"]
+        assert "LogSoftmaxBackward0" in recorded["detect_anomaly"]
+        assert recorded["locate_nonfinite"]["module"] == recorded["planted"] == "layers.7.mlp.0"

@@ -282,17 +282,25 @@ def test_block_flags_name_the_forward_block_and_reset_per_step():
     assert all(not m._forward_hooks for m in model.modules())
 
 
+def _flags_after_step(flags, model):
+    model(batch()).mean().backward()
+    found = flags.read()
+    flags.remove()
+    return found
+
+
 def test_block_flags_place_a_backward_origin_and_one_after_the_blocks():
     model = make(acts=[torch.nn.Tanh(), RootOfSquares(), torch.nn.Tanh()])
     with torch.no_grad():
         model.layers[1].fc.weight.zero_()
         model.layers[1].fc.bias.zero_()
-    flags = BlockFlags(model)
+    assert _flags_after_step(BlockFlags(model), model) is None  # forward outputs only, by default
+    flags = BlockFlags(model, gradients=True)
     model(batch()).mean().backward()
     assert flags.read() == {"phase": "backward", "block": "layers.1", "index": 1}
     flags.reset()
     healthy = make()
-    flags = BlockFlags(healthy)
+    flags = BlockFlags(healthy, gradients=True)
     (healthy(batch()).mean() * torch.tensor(float("inf"))).backward()
     assert flags.read()["block"].startswith("after the last block")
 

@@ -15,7 +15,6 @@ when a NaN's origin is `aten._scaled_dot_product_*`, it tells whether the kernel
 
 from __future__ import annotations
 
-import math
 import warnings
 from typing import Any
 
@@ -163,11 +162,11 @@ def format_attention_report(report: dict[str, Any]) -> str:
             lines.append(f"  {entry['backend']:<10} unavailable: {entry['reason']}")
             continue
         grads = entry.get("grad") or {}
-        grad_rel = max((g["max_rel_error"] for g in grads.values()), default=math.nan)
+        grad_rel = f"{max(g['max_rel_error'] for g in grads.values()):.3g}" if grads else "-"
         nonfinite = entry["nonfinite"] + sum(g["nonfinite"] for g in grads.values())
         lines.append(
             f"  {entry['backend']:<10} {entry['max_abs_error']:>12.3g} {entry['max_rel_error']:>12.3g} "
-            f"{grad_rel:>13.3g} {nonfinite:>11}"
+            f"{grad_rel:>13} {nonfinite:>11}"
         )
     lines.append(f"  worst: {report['worst']}")
     return "\n".join(lines)

@@ -2,21 +2,26 @@
 
 `NonFiniteGuard(..., watch="blocks")` hooks the model's top-level blocks (the children of its largest
 `ModuleList` / `Sequential`, such as a transformer's `layers`; else the model's own children; or the
-names given in `watch=[...]`). Each forward of a block keeps `isfinite(output).all()` as a 0-d
-device tensor, and a gradient hook on the output keeps the same for the gradient arriving at it. No
-value is copied to the host: the guard reads the flags only when the step was already skipped.
+names given in `watch=[...]`). Each forward of a block keeps the fp32 sum of its output as a 0-d
+device tensor; with `gradients=True`, a gradient hook on the output keeps the sum of the gradient
+arriving at it too (the guard leaves that off: it doubles the cost, and its replay places backward
+origins exactly). A sum
+is non-finite exactly when a value is (NaN, or infinities), or when finite values add up past fp32's
+range (3.4e38, which healthy activations never approach); it is one reduction kernel, where
+`isfinite(x).all()` is several and writes a mask as large as the activation. No value is copied to
+the host: the guard reads the sums only when the step was already skipped.
 
 From the flags, in execution order:
 
 - forward: the first block whose output is non-finite is where the value was born (its input is
   the previous block's output, which was finite);
-- backward (every forward output finite): gradients flow from the last block to the first, so the
+- backward (with `gradients=True`, every forward output finite): gradients flow from the last block to the first, so the
   block whose *output* gradient is finite but whose input gradient (the previous block's output
   gradient) is not is the origin. A non-finite gradient already at the last block's output comes
   from after the blocks: the head or the loss.
 
-Cost: two small kernels per block output in the forward and one per gradient in the backward, and
-one gradient hook per block per step; benchmarks/block_flags_overhead.py measures it.
+Cost: one reduction kernel per block output in the forward (and, with gradients, one per output
+gradient and one gradient hook per block); benchmarks/nonfinite_overhead.py measures it.
 """
 
 from __future__ import annotations
@@ -72,10 +77,11 @@ def _first_tensor(output):
 
 
 class BlockFlags:
-    """Device-side finiteness flags for the outputs (and output gradients) of a model's blocks."""
+    """Device-side sums of the outputs (and output gradients) of a model's blocks: finite or not."""
 
-    def __init__(self, model, names: list[str] | None = None):
+    def __init__(self, model, names: list[str] | None = None, *, gradients: bool = False):
         self.blocks = pick_blocks(model, names)
+        self.gradients = gradients
         self._forward: list[Any] = [None] * len(self.blocks)
         self._backward: list[Any] = [None] * len(self.blocks)
         self._handles = [
@@ -90,10 +96,10 @@ class BlockFlags:
             if tensor is None or not (tensor.is_floating_point() or tensor.is_complex()):
                 return
             local = getattr(tensor, "_local_tensor", tensor)
-            flag = torch.isfinite(local.detach()).all()
+            total = local.detach().sum(dtype=torch.float32)
             previous = self._forward[index]
-            self._forward[index] = flag if previous is None else previous & flag
-            if tensor.requires_grad and torch._C._current_autograd_node() is None:
+            self._forward[index] = total if previous is None else previous + total
+            if self.gradients and tensor.requires_grad and torch._C._current_autograd_node() is None:
                 tensor.register_hook(self._gradient_hook(index))
 
         return hook
@@ -103,9 +109,9 @@ class BlockFlags:
 
         def hook(grad):
             local = getattr(grad, "_local_tensor", grad)
-            flag = torch.isfinite(local).all()
+            total = local.sum(dtype=torch.float32)
             previous = self._backward[index]
-            self._backward[index] = flag if previous is None else previous & flag
+            self._backward[index] = total if previous is None else previous + total
 
         return hook
 
@@ -122,10 +128,10 @@ class BlockFlags:
             present = [i for i, f in enumerate(flags) if f is not None]
             if not present:
                 return [None] * len(flags)
-            host = torch.stack([flags[i].to(flags[present[0]].device) for i in present]).tolist()
+            sums = torch.stack([flags[i].to(flags[present[0]].device) for i in present])
             out: list[bool | None] = [None] * len(flags)
-            for i, value in zip(present, host, strict=True):
-                out[i] = bool(value)
+            for i, finite in zip(present, torch.isfinite(sums).tolist(), strict=True):
+                out[i] = bool(finite)
             return out
 
         forward, backward = values(self._forward), values(self._backward)
