@@ -260,3 +260,42 @@ def test_checkpointed_and_compiled_models(tmp_path, wrap):
     check_one_rank_data(records[4], "layers.0.norm", "aten.div", 77)
     check_weights_on_one_rank(records[6])
     assert origin_of(records[2], 1)["compiled"] is (wrap == "ddp_compile")
+
+
+def test_triage_reads_the_guards_records_as_evidence(tmp_path):
+    from conftest import run_cli
+
+    ranks = {0: replayed(None, sample_ids=[0, 1]), 1: replayed(origin(rows=[1], rows_of=2), sample_ids=[10, 11])}
+    # one record alone is a single JSON document; two are JSON lines: both are read as the guard's log
+    for count in (1, 2):
+        records = [V.record(step, float("nan"), ranks) for step in range(1, count + 1)]
+        (tmp_path / "nonfinite.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        verdict = json.loads(run_cli("triage", "--json", tmp_path).stdout)
+        assert verdict["category"] == "nan_inf" and verdict["culprit_ranks"] == [1]
+        assert verdict["findings"][0]["kind"] == "nan_inf.origin_data"
+        assert len(verdict["findings"][0]["evidence"]) == count
+
+
+@pytest.mark.slow
+def test_under_torchtriage_run_the_records_go_to_the_run_folder(tmp_path):
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "run", "--out", str(run_dir), "--"]
+        + [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(JOB)],
+        env={**os.environ, "FAULTS": "2:exp_sample,4:weight_nan", "GUARD_OUT": str(tmp_path), "REPORT_DIR": "default"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not (tmp_path / "nonfinite.jsonl").exists()
+    records = [json.loads(line) for line in (run_dir / "nonfinite.jsonl").read_text().splitlines()]
+    assert [r["suspect"] for r in records] == ["data", "hardware"]
+    verdict = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "triage", "--json", str(run_dir)], capture_output=True, text=True
+    )
+    found = json.loads(verdict.stdout)
+    assert found["category"] == "nan_inf" and found["culprit_ranks"] == [1]
+    assert {"nan_inf.origin_data", "nan_inf.origin_hardware"} <= {f["kind"] for f in found["findings"]}
+    titles = [a["title"] for a in found["actions"]]
+    assert "Check rank 1's GPU for errors" in titles and "Check the GPUs of the job for errors" not in titles

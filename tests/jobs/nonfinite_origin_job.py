@@ -13,7 +13,8 @@ injected on its step only (FAULT_RANK picks the rank for one-rank faults):
   weight_nan    FAULT_RANK's layers.1.fc.weight becomes nan before the forward (one replica only)
 
 WRAP: ddp | fsdp2 | ddp_checkpoint | ddp_compile. Rank 0 writes nonfinite.jsonl to $GUARD_OUT
-(report_dir); every rank prints `SKIP {...}` per skipped step and `DONE {...}` at the end.
+(report_dir), or with REPORT_DIR=default to the guard's default (the run folder under `torchtriage
+run`); every rank writes `SKIP {...}` per skipped step and `DONE {...}` at the end to $GUARD_OUT.
 """
 
 import json
@@ -131,7 +132,8 @@ def main() -> None:
     rank, world = C.init(timeout_s=60)
     net, model = make(rank, world)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    guard = NonFiniteGuard(opt, model=model, locate=True, report_dir=os.environ["GUARD_OUT"], watch="blocks")
+    report_dir = None if os.environ.get("REPORT_DIR") == "default" else os.environ["GUARD_OUT"]
+    guard = NonFiniteGuard(opt, model=model, locate=True, report_dir=report_dir, watch="blocks")
     loss_fn = LikelihoodLoss()
     try:
         for step in range(1, STEPS + 1):

@@ -20,7 +20,8 @@ each replay found (`locate_nonfinite`). From that one record, every rank decides
   non-finite values sit in some of its rows only or arrive with the input.
 
 The record is one line of `DIR/nonfinite.jsonl` (schema `torchtriage.nonfinite/1`), and rank 0 logs
-`log_line(...)`, a sentence the `nan_inf.origin_*` rules of `triage` read.
+`log_line(...)`, a sentence the `nan_inf.origin_*` rules of `triage` read; the record holds the same
+sentence (`line`), so `triage DIR` reads the file as a log.
 """
 
 from __future__ import annotations
@@ -203,7 +204,9 @@ def record(
         "suspect": suspect,
         "evidence": evidence,
     }
-    return entry
+    # The sentence rank 0 logs, second in the line: `triage` reads nonfinite.jsonl as a log, so the
+    # record is evidence without the job's own log, and it stays readable however many ranks follow.
+    return {"schema": SCHEMA, "line": log_line(entry), **entry}
 
 
 def log_line(entry: dict[str, Any]) -> str:

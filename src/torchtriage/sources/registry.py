@@ -35,6 +35,7 @@ _FAULTHANDLER = re.compile(
 )
 _NVIDIA_SMI = re.compile(rb"^\s*(?:\+ nvidia-smi |Link \d+: |GPU \d+: .*\(UUID: )", re.MULTILINE)
 _OWN_TEXT = (b"verdict   ", b"requested by torchtriage ")
+_READ_AS_LOGS = (b"nonfinite",)  # schemas of torchtriage's records that are evidence (runtime/nonfinite_verdict.py)
 _DOCUMENTS = (".md", ".rst", ".html", ".htm", ".svg", ".png", ".jpg", ".jpeg", ".pdf")
 _SOURCE_CODE = (".py", ".sh", ".cfg", ".toml", ".yaml", ".yml")
 
@@ -134,9 +135,20 @@ def _nvidia(head: Head) -> bool:
     return _is_text(head) and bool(_NVIDIA_SMI.search(head.data)) and not head.has(b"Traceback (most recent")
 
 
+def _own_schema(head: Head) -> bytes | None:
+    found = re.search(rb'"schema"\s*:\s*"torchtriage\.([a-z_]+)', head.data[:512]) if _is_json_object(head) else None
+    return found.group(1) if found else None
+
+
+def _record_read_as_log(head: Head) -> bool:
+    """The guard's nonfinite.jsonl is evidence, not output: each record holds the sentence rank 0
+    logged ("line"), so the file is read as a log, one record a line."""
+    return _own_schema(head) in _READ_AS_LOGS
+
+
 def _torchtriage_output(head: Head) -> bool:
     if _is_json_object(head):
-        return bool(re.search(rb'"schema"\s*:\s*"torchtriage\.', head.data[:512]))
+        return _own_schema(head) is not None and not _record_read_as_log(head)
     return head.data.lstrip().startswith(_OWN_TEXT)
 
 
@@ -184,7 +196,7 @@ def _json_document(head: Head) -> bool:
     happens to start with a bracket ("[rank3]: ...", "[1,3]<stderr>: ..."). A `.json` file that starts
     like JSON is JSON, however broken (its reader says where)."""
     text = head.data.decode("utf-8", errors="replace").lstrip()
-    if text[:1] not in ("{", "["):
+    if text[:1] not in ("{", "[") or _record_read_as_log(head):
         return False
     if head.name.lower().endswith((".json", ".json.gz")):
         return True
