@@ -180,7 +180,7 @@ def test_the_record_goes_to_the_run_folder_by_default(tmp_path, monkeypatch):
 # -- real jobs ----------------------------------------------------------------------------------------
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-EVERY_FAULT = "2:exp_sample,4:zero_sample,6:log_loss,8:fp16,10:grad_inf,12:weight_nan"
+EVERY_FAULT = "2:exp_sample,4:zero_sample,6:log_loss,8:fp16,10:grad_inf,12:bf16,14:weight_nan"
 
 
 def run_job(tmp_path: Path, wrap: str, faults: str) -> tuple[dict[int, dict], str]:
@@ -218,7 +218,7 @@ def check_weights_on_one_rank(record):
 @pytest.mark.slow
 def test_every_fault_under_ddp(tmp_path):
     records, output = run_job(tmp_path, "ddp", EVERY_FAULT)
-    assert sorted(records) == [2, 4, 6, 8, 10, 12]
+    assert sorted(records) == [2, 4, 6, 8, 10, 12, 14]
     # sample ids of rank 1 at step s are (2s + 1) * 8 ... + 7; the bad one sits at position 5
     check_one_rank_data(records[2], "layers.2.act", "aten.exp", 45)
     check_one_rank_data(records[4], "layers.0.norm", "aten.div", 77)
@@ -229,7 +229,12 @@ def test_every_fault_under_ddp(tmp_path):
     for rank in (0, 1):
         assert (origin_of(fp16, rank)["module"], origin_of(fp16, rank)["dtype"]) == ("layers.2.act", "float16")
     assert records[10]["suspect"] == "hardware" and not records[10]["reproduced"] and records[10]["seen_on"] == [1]
-    check_weights_on_one_rank(records[12])
+    bf16 = records[12]
+    assert bf16["suspect"] == "numerics" and bf16["seen_on"] == [0, 1]
+    assert {(origin_of(bf16, r)["module"], origin_of(bf16, r)["dtype"]) for r in (0, 1)} == {
+        ("layers.2.act", "bfloat16")
+    }
+    check_weights_on_one_rank(records[14])
     assert records[2]["ranks"]["1"]["blocks"]["block"] == "layers.2"
     # rank 0's lines are read by triage: the first origin is a data verdict on rank 1 with its sample
     log_file = tmp_path / "job.log"

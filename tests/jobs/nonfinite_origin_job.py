@@ -9,6 +9,7 @@ injected on its step only (FAULT_RANK picks the rank for one-rank faults):
   zero_sample   one sample of FAULT_RANK's shard is all zeros: layers.0.norm divides 0 by 0
   log_loss      one sample's target makes the likelihood loss take log(0) (a loss module outside the model)
   fp16          every rank's forward runs under fp16 autocast, layers.2.fc scaled by 10: exp overflows fp16
+  bf16          every rank's forward runs under bf16 autocast, layers.2.fc scaled by 100: exp overflows bf16
   grad_inf      FAULT_RANK's layers.1.fc.weight gradient gets an inf after the backward: nothing to reproduce
   weight_nan    FAULT_RANK's layers.1.fc.weight becomes nan before the forward (one replica only)
 
@@ -144,13 +145,14 @@ def main() -> None:
                     weight = net.layers[1].fc.weight
                     (weight.to_local() if hasattr(weight, "to_local") else weight)[0, 0] = float("nan")
             fp16_saved = None
-            if fault == "fp16":
+            if fault in ("fp16", "bf16"):
                 fp16_saved = net.layers[2].fc.weight.detach().clone()
                 with torch.no_grad():
-                    net.layers[2].fc.weight.mul_(10.0)
+                    net.layers[2].fc.weight.mul_(10.0 if fault == "fp16" else 100.0)
 
             def forward_loss(x=x, target=target, fault=fault):
-                with torch.autocast("cpu", dtype=torch.float16, enabled=fault == "fp16"):
+                dtype = torch.bfloat16 if fault == "bf16" else torch.float16
+                with torch.autocast("cpu", dtype=dtype, enabled=fault in ("fp16", "bf16")):
                     return loss_fn(model(x).float(), target)
 
             opt.zero_grad()
