@@ -58,3 +58,13 @@ def test_anomaly_mode_names_the_loss_where_the_locator_names_the_planted_layer()
         recorded = json.loads((NONFINITE / f"overhead_d{size}.json").read_text())["origin"]
         assert "LogSoftmaxBackward0" in recorded["detect_anomaly"]
         assert recorded["locate_nonfinite"]["module"] == recorded["planted"] == "layers.7.mlp.0"
+
+
+def test_the_monitor_on_cuda_timed_the_device_and_the_launch_apart():
+    windows = [
+        json.loads(line) for line in (FIXTURES / "h200x1" / "monitor" / "steps-rank0.jsonl").read_text().splitlines()
+    ]
+    assert [(w["first_step"], w["last_step"]) for w in windows] == [(1, 10), (11, 20), (21, 30)]
+    last = windows[-1]
+    assert last["gpu_forward_ms"] > last["forward_ms"] > 0  # the CPU launches while the device computes
+    assert 0 < last["mfu"] < 1 and last["peak_allocated_gib"] > 1

@@ -10,6 +10,9 @@ here, so neither imports the other.
     DIR/hang/verdict.json, .txt    the fused verdict the first rank to notice wrote
     DIR/hang/REQUEST               created by `diagnose` to ask every armed rank for a fresh dump
     DIR/debug_server.json          with --debug-server: the job's store address, for `diagnose --store`
+    DIR/nonfinite.jsonl            NonFiniteGuard(locate=True): where each skipped step's NaN was born
+    DIR/monitor/steps-rank<R>.jsonl   with --monitor: one line per window of each rank's step timings
+    DIR/monitor/stragglers.jsonl   with --monitor: the straggler decisions (rank 0)
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ REQUEST_FILE = "REQUEST"
 VERDICT_STEM = "verdict"
 DEBUG_SERVER_ENV = "TORCHTRIAGE_DEBUG_SERVER"
 DEBUG_SERVER_FILE = "debug_server.json"
+MONITOR_WINDOW_ENV = "TORCHTRIAGE_MONITOR_WINDOW"  # set by `run --monitor`: the step monitor's window
+MONITOR_SUBDIR = "monitor"
 # PyTorch's debug server registers each rank's worker URL in the job's store under this prefix
 # (torch/distributed/debug/_store.py); `run --debug-server` adds the world size under the second key.
 DEBUG_SERVER_STORE_PREFIX = "debug_server/"

@@ -28,6 +28,7 @@ from torchtriage.protocol import (
     DEBUG_SERVER_FILE,
     FR_PREFIX,
     FR_SUBDIR,
+    MONITOR_WINDOW_ENV,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
     VERDICT_STEM,
@@ -50,6 +51,19 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="start PyTorch's debug-server worker in every rank (torch >= 2.10), so that "
         "`torchtriage diagnose --store HOST:PORT` reaches every node; the address lands in DIR/debug_server.json",
+    )
+    parser.add_argument(
+        "--monitor",
+        action="store_true",
+        help="run the step monitor in every rank: step timings per window in DIR/monitor, the straggler "
+        "rank and its reason (data, compute, launch, communication) logged by rank 0",
+    )
+    parser.add_argument(
+        "--monitor-window",
+        type=int,
+        default=50,
+        metavar="STEPS",
+        help="optimizer steps per monitor window (default 50)",
     )
     parser.add_argument(
         "command", nargs=argparse.REMAINDER, metavar="-- LAUNCHER ARGS", help="the launcher and its arguments, after --"
@@ -80,9 +94,15 @@ def flight_recorder_env(out_dir: Path, environ: dict[str, str]) -> tuple[dict[st
 
 
 def armed_environment(
-    out_dir: Path, stall_seconds: float, environ: dict[str, str], debug_server: bool = False
+    out_dir: Path,
+    stall_seconds: float,
+    environ: dict[str, str],
+    debug_server: bool = False,
+    monitor_window: int | None = None,
 ) -> tuple[dict[str, str], list[str]]:
     env = dict(environ)
+    if monitor_window is not None:
+        env[MONITOR_WINDOW_ENV] = str(monitor_window)
     if debug_server:
         env[DEBUG_SERVER_ENV] = "1"
         # The worker's py-spy handler runs `py-spy` from the rank's PATH: ours goes last, never shadowing.
@@ -108,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     except OSError as err:
         what = "a file, not a folder" if out_dir.exists() else (err.strerror or str(err))
         raise UsageError(f"--out {out_dir}: {what}; give a folder for the diagnostics.") from None
-    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ), args.debug_server)
+    if args.monitor_window < 2:
+        raise UsageError(f"--monitor-window {args.monitor_window}: a window needs at least 2 steps")
+    window = args.monitor_window if args.monitor else None
+    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ), args.debug_server, window)
     for message in kept:
         warnings.warn(f"torchtriage run: {message}", stacklevel=1)
     print(f"torchtriage run: diagnostics in {out_dir} (stall after {args.stall_seconds:g} s)", file=sys.stderr)

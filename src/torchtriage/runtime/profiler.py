@@ -281,9 +281,6 @@ def profile_steps(
 
 
 # -- Hugging Face Trainer ---------------------------------------------------------------------
-_HF_CLASSES: dict[type, type] = {}
-
-
 class TorchProfilerCallback:
     """A Hugging Face `TrainerCallback` that profiles steps on the selected ranks (see `profile_steps`).
 
@@ -294,20 +291,14 @@ class TorchProfilerCallback:
     """
 
     def __new__(cls, *args: Any, **kwargs: Any):
-        if getattr(cls, "_torchtriage_hf", False):
-            return super().__new__(cls)
-        try:
-            from transformers import TrainerCallback
-        except ImportError as err:
-            raise ImportError(
-                "TorchProfilerCallback needs Hugging Face transformers (pip install transformers); "
-                "for a plain loop use torchtriage.profile_steps instead"
-            ) from err
-        hf_class = _HF_CLASSES.get(cls)
-        if hf_class is None:
-            namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "_torchtriage_hf": True}
-            hf_class = _HF_CLASSES[cls] = type(cls.__name__, (cls, TrainerCallback), namespace)
-        return super().__new__(hf_class)
+        from torchtriage.runtime.framework import framework_instance
+
+        return framework_instance(
+            cls,
+            ("transformers:TrainerCallback",),
+            "Hugging Face transformers (pip install transformers); "
+            "for a plain loop use torchtriage.profile_steps instead",
+        )
 
     def __init__(
         self,

@@ -35,7 +35,9 @@ _FAULTHANDLER = re.compile(
 )
 _NVIDIA_SMI = re.compile(rb"^\s*(?:\+ nvidia-smi |Link \d+: |GPU \d+: .*\(UUID: )", re.MULTILINE)
 _OWN_TEXT = (b"verdict   ", b"requested by torchtriage ")
-_READ_AS_LOGS = (b"nonfinite",)  # schemas of torchtriage's records that are evidence (runtime/nonfinite_verdict.py)
+# Schemas of torchtriage's records that are evidence, each holding its sentence in "line":
+# runtime/nonfinite_verdict.py (nonfinite.jsonl) and runtime/straggler.py (monitor/stragglers.jsonl).
+_READ_AS_LOGS = (b"nonfinite", b"straggler")
 _DOCUMENTS = (".md", ".rst", ".html", ".htm", ".svg", ".png", ".jpg", ".jpeg", ".pdf")
 _SOURCE_CODE = (".py", ".sh", ".cfg", ".toml", ".yaml", ".yml")
 
@@ -141,8 +143,8 @@ def _own_schema(head: Head) -> bytes | None:
 
 
 def _record_read_as_log(head: Head) -> bool:
-    """The guard's nonfinite.jsonl is evidence, not output: each record holds the sentence rank 0
-    logged ("line"), so the file is read as a log, one record a line."""
+    """The guard's nonfinite.jsonl and the monitor's stragglers.jsonl are evidence, not output: each
+    record holds the sentence rank 0 logged ("line"), so the file is read as a log, one record a line."""
     return _own_schema(head) in _READ_AS_LOGS
 
 

@@ -30,6 +30,42 @@ def _start_watchdog():
         print(f"torchtriage: the hang watchdog did not start: {type(err).__name__}: {err}", file=sys.stderr)
 
 
+def _monitor_after_torch_import():
+    """With `run --monitor`: start the step monitor once the program has imported torch itself.
+
+    Importing torch here would slow every rank's start and run before the program's own set-up, so
+    a finder waits for the program's `import torch` and starts the monitor when it has finished.
+    """
+    if not os.environ.get("TORCHTRIAGE_MONITOR_WINDOW") or os.environ.get("RANK") is None:
+        return
+    import importlib.abc
+
+    class _AfterTorch(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "torch":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec("torch")
+            loader = getattr(spec, "loader", None)
+            if loader is None or not hasattr(loader, "exec_module"):
+                return spec
+            original = loader.exec_module
+
+            def exec_module(module):
+                original(module)
+                try:
+                    from torchtriage.runtime.monitor import start_from_environment
+
+                    start_from_environment()
+                except Exception as err:  # noqa: BLE001 - never stop a rank from training
+                    print(f"torchtriage: the step monitor did not start: {type(err).__name__}: {err}", file=sys.stderr)
+
+            loader.exec_module = exec_module
+            return spec
+
+    sys.meta_path.insert(0, _AfterTorch())
+
+
 def _chain_to_next_sitecustomize():
     for entry in sys.path:
         if not entry or os.path.abspath(entry) == _HERE:
@@ -43,4 +79,5 @@ def _chain_to_next_sitecustomize():
 
 
 _start_watchdog()
+_monitor_after_torch_import()
 _chain_to_next_sitecustomize()
