@@ -81,6 +81,31 @@ def test_a_decision_carries_the_sentence_rank_0_logs():
     assert decision["line"].startswith("torchtriage StepMonitor: steps 101-150: rank 3 is the straggler (data)")
 
 
+def test_the_report_reads_the_monitor_files_and_skips_bad_lines(tmp_path):
+    from torchtriage.report.html import monitor_section
+    from torchtriage.sources.monitor_windows import read_monitor
+
+    folder = tmp_path / "monitor"
+    folder.mkdir()
+    window = {"schema": "torchtriage.monitor/1", "first_step": 1, "last_step": 10, "step_ms_p50": 50.0, "data_ms": 1.0}
+    for rank in (0, 1):
+        lines = [
+            json.dumps(window | {"rank": rank}),
+            json.dumps(window | {"rank": rank, "first_step": 11, "last_step": 20}),
+        ]
+        (folder / f"steps-rank{rank}.jsonl").write_text("\n".join(lines) + "\n{cut off")
+    stats = even(ranks=2)
+    stats[1]["data"] = 0.04
+    (decision,) = S.Decider().window(11, 20, stats)
+    (folder / "stragglers.jsonl").write_text(json.dumps(decision) + "\n")
+    records = read_monitor(tmp_path)
+    assert sorted(records.windows) == [0, 1] and [w["last_step"] for w in records.windows[1]] == [10, 20]
+    assert len(records.problems) == 2 and "skipped" in records.problems[0]
+    html = monitor_section(records.windows, records.decisions)
+    assert html.count("<polyline") == 2 and html.count("<circle") == 1 and "class=culprit" in html
+    assert read_monitor(tmp_path / "elsewhere") is None
+
+
 # -- StepMonitor in one process ------------------------------------------------------------------------
 
 torch = pytest.importorskip("torch")
@@ -204,6 +229,14 @@ def test_a_slow_rank_is_named_within_two_windows_and_every_rank_decides_the_same
     found = json.loads(verdict.stdout)
     assert found["category"] == "straggler" and found["culprit_ranks"] == [1]
     assert found["findings"][0]["kind"] == "straggler.monitor"
+    page = tmp_path / "report.html"
+    subprocess.run(
+        [sys.executable, "-m", "torchtriage", "report", str(tmp_path), "--html", str(page)], capture_output=True
+    )
+    html = page.read_text()
+    assert "Step monitor: step time by rank" in html and html.count("<polyline") >= 2
+    assert html.count("<circle") == len(decisions)  # every decision marked on the chart
+    assert f"rank 1 is the straggler ({mode})" in html
 
 
 @pytest.mark.slow

@@ -83,3 +83,10 @@ def test_a_time_that_is_not_a_number_of_seconds_is_a_usage_error(verb, flag, val
     done = run_cli(verb, flag, value, *(["--", "true"] if verb == "run" else []))
     assert done.returncode == exit_codes.USAGE
     assert b"expected a number of seconds" in done.stderr and b"Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("value", ["1", "0", "-5", "ten"])
+def test_a_monitor_window_of_fewer_than_two_steps_is_a_usage_error(tmp_path, value):
+    done = run_cli("run", "--monitor", "--monitor-window", value, "--out", tmp_path / "run", "--", "true")
+    assert done.returncode == exit_codes.USAGE
+    assert b"monitor-window" in done.stderr and b"Traceback" not in done.stderr

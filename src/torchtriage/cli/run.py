@@ -4,7 +4,9 @@ Runs any launcher (torchrun, `python -m torch.distributed.run`, srun, mpirun ...
 - the flight recorder armed (buffer, dump on timeout, dump path in DIR/fr), unless the user set it;
 - a hang watchdog injected into every rank through a `sitecustomize` on PYTHONPATH: after N seconds
   without progress it writes every rank's stacks and flight-recorder buffer and the fused verdict
-  into DIR/hang, before the NCCL watchdog or the scheduler kills the job.
+  into DIR/hang, before the NCCL watchdog or the scheduler kills the job;
+- with --monitor, the step monitor in every rank (DIR/monitor: step timings per window, the straggler);
+- with --debug-server, PyTorch's debug-server worker in every rank (for `diagnose --store`).
 The child's output passes through untouched and its exit code is returned.
 """
 

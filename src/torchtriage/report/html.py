@@ -572,3 +572,75 @@ def render_report_html(
         body += [f"<li>{esc(p)}</li>" for p in problems]
         body.append("</ul>")
     return page(f"torchtriage report: {folder}", "".join(body))
+
+
+def monitor_section(windows: dict[int, list[dict[str, Any]]], decisions: list[dict[str, Any]]) -> str:
+    """Step time by rank over the windows, the straggler decisions marked; the last window per rank."""
+    ranks = sorted(windows)
+    points = [(r, w) for r in ranks for w in windows[r] if w.get("step_ms_p50") is not None]
+    if not points:
+        return "<p>The step monitor wrote no complete window.</p>"
+    width, height, left, bottom, top = 900, 260, 60, 24, 10
+    last_step = max(w["last_step"] for _, w in points)
+    highest = max(max(w["step_ms_p50"], w.get("data_ms") or 0) for _, w in points) or 1.0
+    sx = (width - left - 10) / max(last_step, 1)
+    sy = (height - top - bottom) / highest
+    base = height - bottom
+    svg = [
+        f'<svg width="{width}" height="{height}" role="img" aria-label="step time by rank">',
+        f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#999"/>',
+    ]
+    for k in range(5):
+        value = highest * k / 4
+        y = base - value * sy
+        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
+        svg.append(f'<text x="0" y="{y + 4:.1f}">{value:.0f} ms</text>')
+    palette = ["#4e79a7", "#f28e2b", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
+    for index, rank in enumerate(ranks):
+        colour = palette[index % len(palette)]
+        line = " ".join(
+            f"{left + w['last_step'] * sx:.1f},{base - w['step_ms_p50'] * sy:.1f}"
+            for w in windows[rank]
+            if w.get("step_ms_p50") is not None
+        )
+        svg.append(
+            f'<polyline points="{line}" fill="none" stroke="{colour}" stroke-width="1.5">'
+            f"<title>rank {rank}: median step time per window</title></polyline>"
+        )
+    for decision in decisions:
+        step = decision.get("step") or 0
+        x = left + step * sx
+        if decision.get("rank") is None:
+            svg.append(
+                f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{base}" stroke="{_COLOURS["communication"]}" '
+                f'stroke-dasharray="3 2"><title>{esc(decision.get("line", "communication"))}</title></line>'
+            )
+            continue
+        window = next((w for w in windows.get(decision["rank"], []) if w.get("last_step") == step), None)
+        value = window["step_ms_p50"] if window else highest
+        svg.append(
+            f'<circle cx="{x:.1f}" cy="{base - value * sy:.1f}" r="5" fill="{_COLOURS["communication"]}">'
+            f"<title>{esc(decision.get('line', ''))}</title></circle>"
+        )
+    svg.append(f'<text x="{left}" y="{height - 6}">step 0</text>')
+    svg.append(f'<text x="{width - 80}" y="{height - 6}">step {last_step:,}</text></svg>')
+    legend = "".join(
+        f'<span><i class="sw" style="background:{palette[i % len(palette)]}"></i>rank {r}</span>'
+        for i, r in enumerate(ranks[:16])
+    )
+    legend += f'<span><i class="sw" style="background:{_COLOURS["communication"]}"></i>straggler decision</span>'
+    columns = ("step_ms_p50", "data_ms", "forward_ms", "backward_ms", "gpu_forward_ms", "tokens_per_s", "mfu")
+    rows = []
+    for rank in ranks:
+        last = windows[rank][-1]
+        named = any(d.get("rank") == rank and d.get("step") == last.get("last_step") for d in decisions)
+        cells = "".join(
+            f"<td>{'' if last.get(c) is None else format(last[c], '.3g' if c == 'mfu' else ',.1f')}</td>"
+            for c in columns
+        )
+        rows.append(f"<tr{' class=culprit' if named else ''}><td>{rank}</td>{cells}</tr>")
+    header = "".join(f"<th>{esc(c.replace('_', ' '))}</th>" for c in ("rank", *columns))
+    table = f"<h3>The last window of each rank</h3><table><tr>{header}</tr>{''.join(rows)}</table>"
+    said = "".join(f"<li>{esc(d.get('line', ''))}</li>" for d in decisions[-20:])
+    listed = f"<h3>Decisions (the last 20)</h3><ul>{said}</ul>" if said else "<p>No rank was named: an even job.</p>"
+    return f'<div class="legend">{legend}</div>' + "".join(svg) + table + listed

@@ -19,6 +19,7 @@ from torchtriage.report.html import (
     findings_table,
     flight_recorder_section,
     memory_sections,
+    monitor_section,
     render_report_html,
     stacks_section,
     trace_sections,
@@ -107,7 +108,13 @@ def _snapshot_sections(run: RunAnalysis, series: dict[str, dict[int, Any]]) -> s
 
 def run_page(folder: str, found: RunInputs, run: RunAnalysis, series: dict[str, dict[int, Any]], generated: str) -> str:
     """The whole page. `series`: snapshot path -> device -> its allocation timeline (report.html.memory_series)."""
+    from torchtriage.sources.monitor_windows import read_monitor
+
     glance = _glance(run)
-    return render_report_html(
-        folder, run.verdict, glance, _source_status(found, run), _sections(run, series), run.verdict.problems, generated
-    )
+    sections = _sections(run, series)
+    problems = list(run.verdict.problems)
+    monitor = read_monitor(folder)
+    if monitor is not None:
+        sections.append(("Step monitor: step time by rank", monitor_section(monitor.windows, monitor.decisions)))
+        problems += monitor.problems
+    return render_report_html(folder, run.verdict, glance, _source_status(found, run), sections, problems, generated)
