@@ -64,12 +64,13 @@ def test_communication_needs_history_and_persistence_needs_three_windows():
     for window in range(3):
         assert decider.window(window * 10 + 1, window * 10 + 10, even()) == []
     slow = even(wall=0.160)  # every rank waits 60 ms longer outside its own work
-    (first,) = decider.window(31, 40, slow)
+    assert decider.window(31, 40, slow) == []  # one window against the job's past may be a blip
+    (first,) = decider.window(41, 50, slow)
     assert (first["rank"], first["reason"], first["persistent"]) == (None, "communication", False)
     assert "communication is slow on every rank" in first["line"]
     stats = even()
     stats[1]["data"] = 0.05
-    marks = [decider.window(41 + 10 * w, 50 + 10 * w, stats)[0]["persistent"] for w in range(3)]
+    marks = [decider.window(51 + 10 * w, 60 + 10 * w, stats)[0]["persistent"] for w in range(3)]
     assert marks == [False, False, True]
 
 
@@ -142,6 +143,7 @@ def test_one_process_measures_data_forward_backward_and_writes_windows(tmp_path)
         assert 7.0 < window["data_ms"] < 30.0  # two 4 ms reads
         assert window["forward_ms"] < window["data_ms"] and window["backward_ms"] > 0
         assert window["samples_per_s"] > 0 and window["mfu"] is None
+        assert 0 < window["outside_own_ms"] < window["step_ms_p50"]
     assert monitor.decisions == []  # one rank: nobody to compare with
     # nothing is left wrapped
     assert torch.utils.data.dataloader._BaseDataLoaderIter.__next__ is original_next
@@ -237,6 +239,14 @@ def test_a_slow_rank_is_named_within_two_windows_and_every_rank_decides_the_same
     assert "Step monitor: step time by rank" in html and html.count("<polyline") >= 2
     assert html.count("<circle") == len(decisions)  # every decision marked on the chart
     assert f"rank 1 is the straggler ({mode})" in html
+
+
+@pytest.mark.slow
+def test_a_slower_link_for_every_rank_is_communication(tmp_path):
+    finals, _ = run_job(tmp_path, MONITOR_MODE="comm", STEPS="70", WINDOW="10", SLOW_FROM="41")
+    assert finals[0] == finals[1]
+    assert named(finals[0]) == {(None, "communication")}
+    assert min(d["step"] for d in finals[0]) in (50, 60)  # within two windows of the slowdown at step 41
 
 
 @pytest.mark.slow

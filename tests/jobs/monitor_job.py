@@ -3,6 +3,8 @@
 MONITOR_MODE picks the slowdown, on rank SLOW_RANK from step SLOW_FROM on:
   data      its dataset takes SLOW_MS longer to read each sample batch
   compute   its forward does SLOW_MS of extra matrix products
+  comm      every rank's gradient all-reduce takes SLOW_MS longer (a DDP communication hook that
+            waits before it all-reduces: a slower link, the same for all)
   even      nothing: every rank alike
 MONITOR_IN: "code" (StepMonitor in the loop, monitor.step() per step) or "run" (no monitor in the
 code: `torchtriage run --monitor` injects it). STEPS steps, WINDOW steps per window; the run folder
@@ -74,10 +76,21 @@ class Net(torch.nn.Module):
         return self.head(h)
 
 
+def slow_link(state, bucket):
+    """DDP's all-reduce of one bucket, SLOW_MS later from step SLOW_FROM on (one bucket per step here)."""
+    state["calls"] += 1
+    if state["calls"] >= SLOW_FROM:
+        time.sleep(SLOW_MS / 1000)
+    tensor = bucket.buffer().div_(dist.get_world_size())
+    return dist.all_reduce(tensor, async_op=True).get_future().then(lambda fut: fut.value()[0])
+
+
 def main() -> None:
     rank, world = C.init(timeout_s=60)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Net(rank))
+    if MODE == "comm":
+        model.register_comm_hook(state={"calls": 0}, hook=slow_link)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     dataset = Samples(rank)
     sampler = torch.utils.data.DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=False)

@@ -353,6 +353,9 @@ class StepMonitor:
             "backward_ms": ms("backward"),
             "optimizer_ms": ms("optimizer"),
             "gpu_forward_ms": ms("gpu"),
+            # what remains of the step outside this rank's own work: its wait in collectives (DDP's
+            # all-reduce inside the backward), the backward's own compute and the optimizer
+            "outside_own_ms": round(statistics.median(r["wall"] - r["data"] - r["forward"] for r in rows) * 1000, 3),
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples / total if samples is not None and total > 0 else None,
             "mfu": (

@@ -16,8 +16,8 @@ Each window, from every rank's per-step medians:
   `data`, `compute` (CPU forward time without a GPU; the device's own time with one), or `launch`
   (with a GPU: its CPU takes longer to hand the device its work, while the device's time is even);
 - no straggler, but the time every rank spends outside its own work (waiting in collectives, the
-  optimizer) grew past the same kind of margin over the job's earlier windows, while no rank's own
-  time did → `communication`: every rank waits, none computes longer;
+  optimizer) grew past the same kind of margin over the job's earlier even windows, in two windows
+  in a row, while no rank's own time did → `communication`: every rank waits, none computes longer;
 - a decision the previous two windows also made (same rank, same reason) is `persistent`.
 """
 
@@ -106,17 +106,22 @@ class Decider:
     def __init__(self):
         self.waits: list[float] = []
         self.recent: list[set[tuple[int | None, str]]] = []
+        self.slow_before = False  # the previous window's waiting was already beyond the baseline
 
     def window(self, first: int, last: int, stats: Mapping[int, Mapping[str, float | None]]) -> list[dict]:
         found = stragglers(stats)
         now = waiting(stats) if stats else 0.0
+        slow = None
         if not found and stats:
             step = statistics.median(s["wall"] for s in stats.values())
             slow = communication(self.waits, now, step)
-            if slow is not None:
+            # Against the job's own past, not a peer, one window can be a blip on the host: two in a
+            # row are a slowdown.
+            if slow is not None and self.slow_before:
                 found = [slow | {"step": step}]
-        if not found and stats:
+        if not found and stats and slow is None:
             self.waits.append(now)  # only even windows make the baseline
+        self.slow_before = slow is not None
         keys = {(d["rank"], d["reason"]) for d in found}
         self.recent = (self.recent + [keys])[-PERSISTENT_WINDOWS:]
         decisions = []
