@@ -164,6 +164,36 @@ def test_a_grad_scaler_overflow_is_not_a_nan_origin(tmp_path):
     assert entry["suspect"] == "loss_scale" and not entry["reproduced"]
 
 
+def test_a_replay_that_raises_is_reported_and_training_goes_on(tmp_path):
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = NonFiniteGuard(opt, model=model, locate=True, report_dir=tmp_path)
+    bad = torch.ones(3, 4)
+    bad[0] = 200.0
+    loss = model(bad).mean()
+    loss.backward()
+
+    def broken():
+        raise RuntimeError("CUDA out of memory in the replay")
+
+    assert not guard.step(loss=loss, replay=broken).applied
+    entry = json.loads((tmp_path / "nonfinite.jsonl").read_text())
+    assert entry["suspect"] == "undetermined" and "out of memory" in entry["evidence"]
+    opt.zero_grad()
+    model(torch.ones(3, 4)).mean().backward()
+    assert guard.step(replay=broken).applied  # the next, finite step is applied as usual
+
+
+def test_the_closure_may_return_a_model_output_with_a_loss():
+    from torchtriage import locate_nonfinite
+
+    model = small_model()
+    bad = torch.ones(3, 4)
+    bad[2] = 200.0
+    found = locate_nonfinite(model, lambda: {"loss": model(bad).mean(), "logits": None})
+    assert (found["module"], found["op"]) == ("1", "aten.exp")
+
+
 def test_locate_and_watch_need_the_model():
     opt = torch.optim.SGD(small_model().parameters(), lr=0.1)
     with pytest.raises(ValueError, match="model="):

@@ -492,7 +492,7 @@ def locate_nonfinite(
     tag_nodes, check_values = _modes(search)
     with _restored_state(inner, params), _module_hooks(search), _eager_if_compiled(compiled), _quiet_compile():
         with tag_nodes, check_values:
-            loss = closure()
+            loss = _loss_of(closure())
         if backward and isinstance(loss, torch.Tensor) and loss.requires_grad:
             # Even once the origin is known the backward runs, so that collectives inside it (DDP's
             # all-reduce, FSDP's reduce-scatter) meet the other ranks' replays.
@@ -504,6 +504,17 @@ def locate_nonfinite(
     if search.origin is None:
         return None
     return _finish(search.origin, compiled)
+
+
+def _loss_of(value):
+    """The loss in what the closure returned: a tensor, a model output with `.loss`, or a dict's "loss"."""
+    torch = _torch()
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("loss"), torch.Tensor):
+        return value["loss"]
+    found = getattr(value, "loss", None)
+    return found if isinstance(found, torch.Tensor) else value
 
 
 def _quiet_compile():
