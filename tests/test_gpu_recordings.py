@@ -67,4 +67,5 @@ def test_the_monitor_on_cuda_timed_the_device_and_the_launch_apart():
     assert [(w["first_step"], w["last_step"]) for w in windows] == [(1, 10), (11, 20), (21, 30)]
     last = windows[-1]
     assert last["gpu_forward_ms"] > last["forward_ms"] > 0  # the CPU launches while the device computes
+    assert last["gpu_step_ms"] > last["gpu_forward_ms"]
     assert 0 < last["mfu"] < 1 and last["peak_allocated_gib"] > 1

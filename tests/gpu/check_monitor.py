@@ -47,6 +47,9 @@ check("three_windows", len(windows) == 3, [(w["first_step"], w["last_step"]) for
 check("gpu_forward_from_events", last["gpu_forward_ms"] is not None and last["gpu_forward_ms"] > 0, last)
 # The CPU only launches the forward (asynchronous): the device's time for it is longer.
 check("cpu_launches_while_the_device_computes", last["gpu_forward_ms"] > last["forward_ms"], last)
+check(
+    "gpu_step_holds_the_forward", last["gpu_step_ms"] is not None and last["gpu_step_ms"] > last["gpu_forward_ms"], last
+)
 check("mfu_from_six_times_parameters", last["mfu"] is not None and 0 < last["mfu"] < 1, last["mfu"])
 check("peak_memory", last.get("peak_allocated_gib", 0) > 1, last.get("peak_allocated_gib"))
 print(json.dumps(last), flush=True)

@@ -14,9 +14,10 @@ Per step and rank, with no host-device synchronisation on the hot path:
   (`torch.autograd.backward` is wrapped): the work itself on a CPU job, the time to launch it on a GPU;
 - `backward`, `optimizer`: the backward call (with DDP, it holds the wait for the other ranks'
   gradients) and the optimizer's step (global optimizer step hooks);
-- `gpu`: on CUDA, the device's time from the step's start to its first backward, from two CUDA
-  events (every fifth step, from a pool) read a few steps later, when they are done (`Event.query`,
-  never a wait);
+- `gpu`, `gpu_step`: on CUDA, the device's time from the step's start to its first backward, and to
+  the step's end (with NCCL, the latter holds the device's wait in the all-reduce), from CUDA events
+  recorded at those points on every fifth step (from a pool), read a few steps later once they are
+  done (`Event.query`, never a wait);
 - tokens/s and samples/s when told the tokens or batch size, MFU when also told the model's flops per
   token (or given the model: 6 × parameters, dense transformers) and the device's peak flops;
   peak allocated and reserved CUDA memory (the allocator's counters: no synchronisation).
@@ -200,7 +201,7 @@ class StepMonitor:
         self.decisions: list[dict[str, Any]] = []  # every decision so far, the same on every rank
         self._clock = _Clock()
         self._rows: list[dict[str, Any]] = []
-        self._events: deque = deque()  # (row, start event, backward event) waiting for the device
+        self._events: deque = deque()  # (row, start, backward or None, end event) waiting for the device
         self._start_event = None
         self._pending: deque = deque()  # (first, last, work, gathered) exchanges not read yet
         self._decider = straggler.Decider()
@@ -298,30 +299,36 @@ class StepMonitor:
             "backward": clock.backward,
             "optimizer": clock.optimizer,
             "gpu": None,
+            "gpu_step": None,
             "tokens": tokens if tokens is not None else self.tokens_per_step,
             "samples": samples if samples is not None else self.samples_per_step,
         }
-        if self._start_event is not None and clock.backward_event is not None:
-            self._events.append((row, self._start_event, clock.backward_event))
-        elif self._start_event is not None:
-            self._free_events.append(self._start_event)  # a step without a backward: nothing to time
+        if self._start_event is not None:
+            end = self._event()
+            end.record()
+            self._events.append((row, self._start_event, clock.backward_event, end))
         self._rows.append(row)
         self.steps += 1
         clock.reset(now)
         self._record_start_event()
-        self._read_events()
+        if self.steps % GPU_SAMPLE_EVERY == 0:  # a query is a driver call too: asked on sampled steps only
+            self._read_events()
         self._read_exchanges()
         if self.steps % self.window == 0:
             self._end_window()
 
     def _read_events(self) -> None:
-        while self._events and self._events[0][2].query():
-            row, start, end = self._events.popleft()
-            row["gpu"] = start.elapsed_time(end) / 1000.0
+        while self._events and self._events[0][3].query():  # the end is done, so is all before it
+            row, start, backward, end = self._events.popleft()
+            if backward is not None:
+                row["gpu"] = start.elapsed_time(backward) / 1000.0
+                self._free_events.append(backward)
+            row["gpu_step"] = start.elapsed_time(end) / 1000.0
             self._free_events += (start, end)
 
     # -- windows --------------------------------------------------------------------------------------
     def _end_window(self) -> None:
+        self._read_events()
         first, last = self.steps - self.window + 1, self.steps
         rows, self._rows = self._rows, []
         summary = self._summary(rows, first, last)
@@ -353,6 +360,7 @@ class StepMonitor:
             "backward_ms": ms("backward"),
             "optimizer_ms": ms("optimizer"),
             "gpu_forward_ms": ms("gpu"),
+            "gpu_step_ms": ms("gpu_step"),
             # what remains of the step outside this rank's own work: its wait in collectives (DDP's
             # all-reduce inside the backward), the backward's own compute and the optimizer
             "outside_own_ms": round(statistics.median(r["wall"] - r["data"] - r["forward"] for r in rows) * 1000, 3),
