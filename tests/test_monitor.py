@@ -50,6 +50,9 @@ def test_longer_compute_is_compute_on_a_cpu_job_and_launch_with_a_gpu():
     device = even(gpu=0.050)
     device[3]["gpu"] = 0.080  # the device itself is slower
     assert [(d["rank"], d["reason"]) for d in S.stragglers(device)] == [(3, "compute")]
+    starved = even(gpu=0.050)
+    starved[2]["forward"], starved[2]["gpu"] = 0.060, 0.080  # its device waited for its CPU
+    assert [(d["rank"], d["reason"]) for d in S.stragglers(starved)] == [(2, "launch")]
 
 
 def test_the_margin_is_robust_to_noisy_peers():

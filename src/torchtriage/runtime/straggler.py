@@ -14,7 +14,8 @@ Each window, from every rank's per-step medians:
   time and 1 ms, so that nothing is named on an even job or on noise;
 - the rank with an excess beyond the margin is the straggler, with the reason of its largest excess:
   `data`, `compute` (CPU forward time without a GPU; the device's own time with one), or `launch`
-  (with a GPU: its CPU takes longer to hand the device its work, while the device's time is even);
+  (with a GPU: its CPU takes longer to hand the device its work; the device's forward then stretches
+  with it, so a device excess that the CPU's explains by half or more is counted as launch);
 - no straggler, but the time every rank spends outside its own work (waiting in collectives, the
   optimizer) grew past the same kind of margin over the job's earlier even windows, in two windows
   in a row, while no rank's own time did → `communication`: every rank waits, none computes longer;
@@ -63,17 +64,22 @@ def stragglers(stats: Mapping[int, Mapping[str, float | None]]) -> list[dict[str
     if len(stats) < 2:
         return []
     step = statistics.median(s["wall"] for s in stats.values())
+    excess = {key: _excesses(stats, key, step) for key, _ in OWN_COMPONENTS}
     best: dict[int, dict[str, Any]] = {}
     for key, reason in OWN_COMPONENTS:
-        for rank, (excess, centre) in _excesses(stats, key, step).items():
+        for rank, (over, centre) in excess[key].items():
             if key == "forward" and stats[rank].get("gpu") is not None:
                 reason = "launch"  # with a GPU, CPU time before the backward is launching, not computing
-            if excess > best.get(rank, {}).get("excess", 0.0):
+            if key == "gpu" and rank in excess["forward"] and excess["forward"][rank][0] >= over / 2:
+                # The device's forward took longer because the CPU handed it its work later: a starved
+                # device stretches with its host. (A device that is itself slow leaves the CPU's time even.)
+                continue
+            if over > best.get(rank, {}).get("excess", 0.0):
                 best[rank] = {
                     "rank": rank,
                     "reason": reason,
                     "component": key,
-                    "excess": excess,
+                    "excess": over,
                     "value": stats[rank][key],
                     "others": centre,
                     "step": step,
