@@ -264,6 +264,20 @@ def memory_series(snapshot: Any, device: Any, points: int = 800) -> dict[str, An
     }
 
 
+def _chart_frame(label, width, height, left, base, scale, highest, format_value) -> list[str]:
+    """An SVG chart's opening, its x axis and five labelled horizontal grid lines up to `highest`."""
+    svg = [
+        f'<svg width="{width}" height="{height}" role="img" aria-label="{esc(label)}">',
+        f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#999"/>',
+    ]
+    for k in range(5):
+        value = highest * k / 4
+        y = base - value * scale
+        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
+        svg.append(f'<text x="0" y="{y + 4:.1f}">{esc(format_value(value))}</text>')
+    return svg
+
+
 def allocation_timeline(series: dict[str, Any] | None) -> str:
     """Allocated (filled) and reserved (line) bytes over the history events, the OOM marked."""
     if not series or not series["index"]:
@@ -282,15 +296,7 @@ def allocation_timeline(series: dict[str, Any] | None) -> str:
     base = height - bottom
     area = " ".join(point(i, v) for i, v in zip(series["index"], series["allocated"], strict=True))
     first, last = series["index"][0], series["index"][-1]
-    svg = [
-        f'<svg width="{width}" height="{height}" role="img" aria-label="allocation timeline">',
-        f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#999"/>',
-    ]
-    for k in range(5):
-        value = highest * k / 4
-        y = base - value * sy
-        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
-        svg.append(f'<text x="0" y="{y + 4:.1f}">{esc(_bytes(value))}</text>')
+    svg = _chart_frame("allocation timeline", width, height, left, base, sy, highest, _bytes)
     svg.append(
         f'<polygon points="{left + first * sx:.1f},{base} {area} {left + last * sx:.1f},{base}" '
         f'fill="{_COLOURS["compute"]}" fill-opacity="0.55" stroke="{_COLOURS["compute"]}">'
@@ -586,15 +592,7 @@ def monitor_section(windows: dict[int, list[dict[str, Any]]], decisions: list[di
     sx = (width - left - 10) / max(last_step, 1)
     sy = (height - top - bottom) / highest
     base = height - bottom
-    svg = [
-        f'<svg width="{width}" height="{height}" role="img" aria-label="step time by rank">',
-        f'<line x1="{left}" y1="{base}" x2="{width - 10}" y2="{base}" stroke="#999"/>',
-    ]
-    for k in range(5):
-        value = highest * k / 4
-        y = base - value * sy
-        svg.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - 10}" y2="{y:.1f}" stroke="#eee"/>')
-        svg.append(f'<text x="0" y="{y + 4:.1f}">{value:.0f} ms</text>')
+    svg = _chart_frame("step time by rank", width, height, left, base, sy, highest, lambda v: f"{v:.0f} ms")
     palette = ["#4e79a7", "#f28e2b", "#59a14f", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#9c755f"]
     for index, rank in enumerate(ranks):
         colour = palette[index % len(palette)]
