@@ -36,15 +36,15 @@ Where the value was born (`model=`, `locate=True`, and `guard.step(..., replay=c
 `closure()` recomputes the loss of the same batch): on a skipped step — agreed, so every rank takes
 the same path — every rank replays the batch twice under `locate_nonfinite`, the ranks gather their
 origins, and every rank decides the same suspect: the data, the numerics or the hardware
-(`nonfinite_verdict`). Under DDP the replay runs inside `no_sync()` and under FSDP2 with gradient
-reduction off, so each rank's gradients are its own; FSDP2's forward all-gathers still run, on every
-rank together. Rank 0 appends the record to `report_dir/nonfinite.jsonl` (the run folder under
-`torchtriage run`) and logs one line that `triage` reads. `watch="blocks"` adds a device-side flag
-per top-level block (`block_flags`), read only on a skip, which names the block on the step itself.
+(`nonfinite_verdict`). Under DDP the replay runs inside `no_sync()`, so each rank's gradients are its
+own; FSDP2's collectives still run, on every rank together. Rank 0 appends the record to
+`report_dir/nonfinite.jsonl` (the run folder under `torchtriage run`) and logs one line that `triage`
+reads. `watch="blocks"` adds a device-side sum per top-level block output (`block_flags`), read only
+on a skip, which names the block on the step itself.
 
 Cost when nothing is wrong: one pass over the gradients (what `clip_grad_norm_` does anyway), one
 all-reduce of two floats, and one device-to-host copy of them per step. `locate=True` costs nothing
-until a step is skipped; `watch="blocks"` costs two small kernels per block output.
+until a step is skipped; `watch="blocks"` costs one reduction kernel per block output.
 """
 
 from __future__ import annotations
@@ -473,11 +473,15 @@ class NonFiniteGuard:
         FSDP2's reduce-scatter): then they name no rank unless some ranks' differ from the others'."""
         if self.model is None:
             return False
-        from torchtriage.runtime.locate import unwrap_model
-
-        if "DistributedDataParallel" in unwrap_model(self.model)[1]:
+        if self._ddp() is not None:
             return True
         return any(hasattr(m, "set_requires_gradient_sync") for m in self.model.modules())
+
+    def _ddp(self):
+        from torchtriage.runtime.locate import peel_wrappers
+
+        wrappers = peel_wrappers(self.model)[1]
+        return next((module for name, module in wrappers if name == "DistributedDataParallel"), None)
 
     def _sharded_weights(self) -> bool:
         return any(hasattr(p, "placements") for p in self.parameters)
@@ -522,21 +526,11 @@ class NonFiniteGuard:
         """
         import contextlib
 
-        stack = contextlib.ExitStack()
-        ddp = next((m for m in _wrappers_of(self.model) if type(m).__name__ == "DistributedDataParallel"), None)
-        if ddp is not None:
-            stack.enter_context(ddp.no_sync())
-            return stack
-        return stack
+        ddp = self._ddp()
+        return ddp.no_sync() if ddp is not None else contextlib.nullcontext()
 
     def _report_origin(self, record: SkippedBatch) -> None:
-        entry = nonfinite_verdict.record(
-            record.step,
-            record.grad_norm,
-            record.ranks,
-            scaler=any(info.get("scaler") for info in record.ranks.values()),
-            sharded_weights=self._sharded_weights(),
-        )
+        entry = nonfinite_verdict.record(record.step, record.grad_norm, record.ranks, (record.suspect, record.evidence))
         logger.warning("%s", nonfinite_verdict.log_line(entry))
         if self.report_dir is None:
             return
@@ -601,16 +595,6 @@ class NonFiniteGuard:
         for key, value in state.items():
             if key in self.state_dict():
                 setattr(self, key, value)
-
-
-def _wrappers_of(model) -> list:
-    """The model and the modules it wraps (torch.compile's `_orig_mod`, DDP's `module`), outermost first."""
-    chain = [model]
-    while True:
-        inner = getattr(chain[-1], "_orig_mod", None) or getattr(chain[-1], "module", None)
-        if inner is None or not hasattr(inner, "modules") or len(chain) > 4:
-            return chain
-        chain.append(inner)
 
 
 def _batch_of(info: dict[str, Any]) -> dict[str, Any]:

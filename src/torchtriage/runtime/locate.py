@@ -56,21 +56,27 @@ def _torch():
     return torch
 
 
-def unwrap_model(model) -> tuple[Any, list[str]]:
-    """The user's module under DDP / FSDP1 / `torch.compile` wrappers, and the wrappers' names."""
+def peel_wrappers(model) -> tuple[Any, list[tuple[str, Any]]]:
+    """The user's module under DDP / FSDP1 / `torch.compile` wrappers, and (name, wrapper) outermost first."""
     wrappers = []
     while True:
         name = type(model).__name__
         if hasattr(model, "_orig_mod") and name == "OptimizedModule":
-            wrappers.append("torch.compile")
+            wrappers.append(("torch.compile", model))
             model = model._orig_mod
         elif name in ("DistributedDataParallel", "FullyShardedDataParallel", "DataParallel") and hasattr(
             model, "module"
         ):
-            wrappers.append(name)
+            wrappers.append((name, model))
             model = model.module
         else:
             return model, wrappers
+
+
+def unwrap_model(model) -> tuple[Any, list[str]]:
+    """The user's module under its wrappers, and the wrappers' names."""
+    inner, wrappers = peel_wrappers(model)
+    return inner, [name for name, _ in wrappers]
 
 
 def _local(tensor):
@@ -211,7 +217,6 @@ class _Search:
 
 
 def _module_hooks(search: _Search) -> contextlib.AbstractContextManager:
-    torch = _torch()
     from torch.nn.modules import module as module_mod
 
     def pre(module, args):
@@ -226,7 +231,6 @@ def _module_hooks(search: _Search) -> contextlib.AbstractContextManager:
     stack = contextlib.ExitStack()
     stack.callback(module_mod.register_module_forward_pre_hook(pre).remove)
     stack.callback(module_mod.register_module_forward_hook(post, always_call=True).remove)
-    del torch
     return stack
 
 
@@ -517,16 +521,14 @@ def _loss_of(value):
     return found if isinstance(found, torch.Tensor) else value
 
 
-def _quiet_compile():
+@contextlib.contextmanager
+def _quiet_compile() -> Iterator[None]:
     """torch.compile warns that global module hooks fire once more for its wrapper; the locator knows."""
     import warnings
 
-    catcher = warnings.catch_warnings()
-    catcher.__enter__()
-    warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
-    stack = contextlib.ExitStack()
-    stack.callback(catcher.__exit__, None, None, None)
-    return stack
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*global hooks on modules.*")
+        yield
 
 
 def _finish(origin: dict[str, Any], compiled: bool) -> dict[str, Any]:

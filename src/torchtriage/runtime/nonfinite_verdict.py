@@ -31,7 +31,6 @@ from typing import Any
 from torchtriage.ranks import format_ranks
 
 SCHEMA = "torchtriage.nonfinite/1"
-SUSPECTS = ("data", "numerics", "hardware", "loss_scale", "undetermined")
 _SAMPLES_SHOWN = 8
 
 
@@ -179,12 +178,15 @@ def record(
     step: int,
     grad_norm: float,
     ranks: dict[int, dict[str, Any]],
+    verdict: tuple[str | None, str] | None = None,
     *,
     scaler: bool = False,
     sharded_weights: bool = False,
 ) -> dict[str, Any]:
-    """The `torchtriage.nonfinite/1` line for one skipped step."""
-    suspect, evidence = judge(ranks, scaler=scaler, sharded_weights=sharded_weights)
+    """The `torchtriage.nonfinite/1` line for one skipped step; `verdict` is `judge`'s, if already made."""
+    if verdict is None:
+        verdict = judge(ranks, scaler=scaler, sharded_weights=sharded_weights)
+    suspect, evidence = verdict
     entry: dict[str, Any] = {
         "schema": SCHEMA,
         "step": step,
