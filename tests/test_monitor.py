@@ -55,6 +55,14 @@ def test_longer_compute_is_compute_on_a_cpu_job_and_launch_with_a_gpu():
     assert [(d["rank"], d["reason"]) for d in S.stragglers(starved)] == [(2, "launch")]
 
 
+def test_each_rank_gets_its_own_reason():
+    stats = even(ranks=6)
+    stats[0]["gpu"] = 0.050  # only rank 0 reported a device time (its events were read first)
+    stats[0]["forward"] = stats[5]["forward"] = 0.080
+    found = {d["rank"]: d["reason"] for d in S.stragglers(stats)}
+    assert found == {0: "launch", 5: "compute"}
+
+
 def test_the_margin_is_robust_to_noisy_peers():
     stats = {r: {"wall": 0.1, "data": 0.002, "forward": 0.030 + 0.004 * (r % 4), "gpu": None} for r in range(16)}
     assert S.stragglers(stats) == []  # a spread of 12 ms among the peers is noise, not a straggler

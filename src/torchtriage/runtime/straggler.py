@@ -66,8 +66,9 @@ def stragglers(stats: Mapping[int, Mapping[str, float | None]]) -> list[dict[str
     step = statistics.median(s["wall"] for s in stats.values())
     excess = {key: _excesses(stats, key, step) for key, _ in OWN_COMPONENTS}
     best: dict[int, dict[str, Any]] = {}
-    for key, reason in OWN_COMPONENTS:
+    for key, component_reason in OWN_COMPONENTS:
         for rank, (over, centre) in excess[key].items():
+            reason = component_reason
             if key == "forward" and stats[rank].get("gpu") is not None:
                 reason = "launch"  # with a GPU, CPU time before the backward is launching, not computing
             if key == "gpu" and rank in excess["forward"] and excess["forward"][rank][0] >= over / 2:
