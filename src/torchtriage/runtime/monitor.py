@@ -311,10 +311,11 @@ class StepMonitor:
         self.steps += 1
         clock.reset(now)
         self._record_start_event()
-        if self.steps % GPU_SAMPLE_EVERY == 0:  # a query is a driver call too: asked on sampled steps only
+        window_ends = self.steps % self.window == 0
+        if window_ends or self.steps % GPU_SAMPLE_EVERY == 0:  # a query is a driver call: sampled steps only
             self._read_events()
         self._read_exchanges()
-        if self.steps % self.window == 0:
+        if window_ends:
             self._end_window()
 
     def _read_events(self) -> None:
@@ -328,7 +329,6 @@ class StepMonitor:
 
     # -- windows --------------------------------------------------------------------------------------
     def _end_window(self) -> None:
-        self._read_events()
         first, last = self.steps - self.window + 1, self.steps
         rows, self._rows = self._rows, []
         summary = self._summary(rows, first, last)
