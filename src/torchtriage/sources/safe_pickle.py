@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import io
 import pickle
 from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["PickleError", "PickleRefused", "PickleCorrupt", "safe_loads", "safe_load_file"]
-
-# The C unpickler prefetches only from a stream with peek(); without it, it reads opcode by opcode.
-_BUFFER = 1 << 20
 
 
 class PickleError(ValueError):
@@ -47,6 +43,39 @@ class _PlainDataUnpickler(pickle.Unpickler):
         raise PickleRefused("it refers to an external object (a persistent id), which plain data never needs; refused")
 
 
+class _WholeBuffer:
+    """The bytes of a pickle as the C unpickler's input, never copied.
+
+    With `peek`, the unpickler takes everything that peek returns as its buffer and later calls `read` only
+    to move past what it used, dropping the result; a memoryview serves both without copying. (Through
+    `io.BufferedReader(io.BytesIO(data))`, the bytes were copied three times: a third of the load time.)"""
+
+    __slots__ = ("_data", "_view", "_at")
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self._view = memoryview(data)
+        self._at = 0
+
+    def peek(self, size: int = 0) -> memoryview:
+        return self._view[self._at :]
+
+    def read(self, size: int = -1) -> memoryview:
+        start = self._at
+        self._at = len(self._view) if size < 0 else min(start + size, len(self._view))
+        return self._view[start : self._at]
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.read(len(buffer))
+        buffer[: len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self) -> bytes:  # the text opcodes of protocol 0
+        start = self._at
+        self._at = self._data.find(b"\n", start) + 1 or len(self._data)
+        return self._data[start : self._at]
+
+
 TRUNCATED = "the pickle is truncated: it ends before its STOP opcode (cut off while being written or copied?)"
 
 
@@ -68,12 +97,9 @@ def safe_loads(data: bytes) -> Any:
     """Unpickle `data`, allowing only plain containers and scalars."""
     if not data:
         raise PickleCorrupt("the file is empty")
-    # A buffer no larger than the data: allocating (and touching) a megabyte for a 40 KB dump costs 10%.
-    size = max(io.DEFAULT_BUFFER_SIZE, min(len(data), _BUFFER))
-    stream = io.BufferedReader(io.BytesIO(data), size)  # type: ignore[arg-type]
     try:
         with collector_paused():
-            value = _PlainDataUnpickler(stream).load()
+            value = _PlainDataUnpickler(_WholeBuffer(data)).load()  # type: ignore[arg-type]
     except PickleError:
         raise
     except EOFError:
