@@ -444,12 +444,13 @@ def test_column_path_reads_like_the_per_entry_path():
             continue
         fast_used += fr._extract_columns(data["entries"], fr._fetch_columns(data["entries"])) is not None
         fast = fr.parse_dump("x", data, 3, size)
-        original = fr._extract_columns
+        original, find = fr._extract_columns, fr._templates.find
         try:
             fr._extract_columns = lambda entries, fetched: None
+            fr._templates.find = lambda columns: None
             slow = fr.parse_dump("x", data, 3, size)
         finally:
-            fr._extract_columns = original
+            fr._extract_columns, fr._templates.find = original, find
         assert fast == slow
     assert fast_used >= 10
     assert fr._extract_columns(dumps[0][0]["entries"], fr._fetch_columns(dumps[0][0]["entries"])) is not None
@@ -476,6 +477,61 @@ def test_forked_loading_matches_serial_and_survives_a_dead_child(tmp_path, monke
 
     monkeypatch.setattr(fr, "load_one", dies_in_a_child)
     assert load_dumps([str(tmp_path)], jobs=3) == single
+
+
+def _spmd_job(folder: Path, world: int = 40) -> None:
+    """Two groups used in turn, the last world collective pending; ranks differ where a job's ranks do:
+    the creation time of the pending op (some past their timeout), one rank's call site, one rank's size."""
+    half = world // 2
+    halves = {str(1 + h): {"name": str(1 + h), "desc": f"half{1 + h}", "ranks": str(list(range(h * half, (h + 1) * half)))} for h in (0, 1)}  # fmt: skip
+    for rank in range(world):
+        sub = str(1 + rank // half)
+        ops = []
+        for step in range(1, 6):
+            ops.append(entry(step, pg=sub, desc=f"half{sub}", line=30, op_id=2 * step - 1, size=64))
+            last = step == 5
+            state = "scheduled" if last else "completed"
+            created = 10**12 - (rank % 2) * 7 * 10**11 if last else 1000 + step  # odd ranks: past the timeout
+            ops.append(
+                entry(step, line=31 if rank != 13 else 44, op_id=2 * step, state=state, time_created_ns=created,
+                      size=8 if (rank == 29 and step == 3) else 4096, time_discovered_completed_ns=10**12)
+            )  # fmt: skip
+        write(folder, rank, ops, world=world, extra_pgs={sub: halves[sub]})
+
+
+def test_repeated_dumps_are_read_from_the_template_exactly_as_the_first(tmp_path, monkeypatch):
+    from torchtriage.sources import flight_recorder as fr
+
+    _spmd_job(tmp_path)
+    fr._templates.clear()
+    find, hits = fr._templates.find, []
+    monkeypatch.setattr(fr._templates, "find", lambda columns: hits.append(found := find(columns)) or found)
+    with_templates = load_dumps([str(tmp_path)], jobs=1)
+    assert sum(found is not None for found in hits) >= 30  # each half's ranks repeat the half's first dump
+    monkeypatch.setattr(fr._templates, "find", lambda columns: None)
+    assert with_templates == load_dumps([str(tmp_path)], jobs=1)
+    dumps = {d.rank: d for d in with_templates.dumps}
+    assert dumps[13].tracks["0"].sites[0].line == 44 and dumps[12].tracks["0"].sites[0].line == 31
+    assert ("0", 5) in dumps[1].timed_out and ("0", 5) not in dumps[0].timed_out
+    verdict = build_verdict(with_templates)
+    assert verdict.culprit_ranks == [29]
+
+
+def test_a_template_vouches_for_no_dump_of_its_own_frames_or_group_ids(tmp_path):
+    from torchtriage.sources import flight_recorder as fr
+
+    fr._templates.clear()
+    ops = [entry(s) for s in range(1, 4)]
+    write(tmp_path, 0, ops)
+    hostile = [entry(s) for s in range(1, 4)]
+    hostile[1]["frames"] = [{"name": "x" * (1 << 17), "filename": "/job/train.py", "line": 1}]
+    write(tmp_path, 1, hostile)
+    other_id = [entry(s, pg_id=7) for s in range(1, 4)]
+    write(tmp_path, 2, other_id)
+    loaded = load_dumps([str(tmp_path)], jobs=1)
+    assert [d.rank for d in loaded.dumps] == [0, 2]
+    assert "frames[].name" in loaded.problems[0].message
+    assert loaded.dumps[1].pg_ids == {"0": "7"} and loaded.dumps[0].pg_ids == {"0": "0"}
 
 
 def test_each_ranks_position_in_the_shared_vocabulary():

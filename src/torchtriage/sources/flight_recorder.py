@@ -37,7 +37,8 @@ from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import as_int
-from torchtriage.sources.fr_checks import check_entries, check_header, ranks_in_text
+from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
+from torchtriage.sources.fr_template import Templates
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.registry import discover, for_reader, not_read_here, rank_from_name
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
@@ -503,22 +504,26 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
     fetched = _fetch_columns(entries) if entries and type(entries) is list else None
     if fetched is not None and set(map(type, entries)) != {dict}:
         fetched = None
+    compared = made = None
     if fetched is not None:
         frames_at = _COLUMN_NAMES.index("frames")
         fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
-    check_entries(entries, size, dict(zip(_COLUMN_NAMES, fetched[0], strict=True)) if fetched else None)
+        compared = (*fetched[0][:frames_at], tuple(map(_OP_ID, entries)))
+        made = _templates.find(compared)
+        if made is not None and not made.same_group_ids(entries):
+            made = None
+    if made is not None:  # equal to checked columns: only the frames, which each dump has of its own, are checked
+        check_frames(fetched[0][frames_at], size)  # type: ignore[index]
+    else:
+        check_entries(entries, size, dict(zip(_COLUMN_NAMES, fetched[0], strict=True)) if fetched else None)
     pg_config, ranks_text, nameless_ranks = _pg_config(data)
-    try:
-        ext = _extract_columns(entries, fetched)
-    except (TypeError, ValueError, AttributeError, IndexError, KeyError):
-        ext = None  # an odd layout: the per-entry path says what is wrong with it, as it always did
-    if ext is None:
-        ext = _extract_per_entry(entries)
-    _finish_tracks(ext.tracks, entries, ext.signatures)
+    if made is not None:
+        ext = made.extract(entries, fetched)  # type: ignore[arg-type]
+    else:
+        ext = _extract(entries, fetched, compared)
     if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
         ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
         _sent_ranks.update(ranks_text)
-    _add_op_ids(ext.tracks, entries)
     return RankDump(
         path=path,
         rank=rank,
@@ -539,6 +544,86 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
         ranks_text=ranks_text,
         nameless_ranks=nameless_ranks,
     )
+
+
+def _extract(entries: list, fetched: tuple[list, list | None] | None, compared: tuple | None) -> _Extract:
+    """The records of checked entries; kept as a template when later dumps may repeat them (see fr_template)."""
+    try:
+        ext = _extract_columns(entries, fetched)
+    except (TypeError, ValueError, AttributeError, IndexError, KeyError):
+        ext = None  # an odd layout: the per-entry path says what is wrong with it, as it always did
+    if ext is None:
+        ext = _extract_per_entry(entries)
+        compared = None
+    plain = compared is not None and not ext.p2p and _Made.plain(ext)
+    _finish_tracks(ext.tracks, entries, ext.signatures)
+    _add_op_ids(ext.tracks, entries)
+    made = _Made.of(ext) if plain else None
+    if made is not None:
+        _templates.keep(compared, made)  # type: ignore[arg-type]
+    return ext
+
+
+class _Made(NamedTuple):
+    """What a dump's checked columns made, for the dumps that repeat them: everything but what each dump holds
+    of its own (call sites, the times of pending ops, the id of its first record)."""
+
+    ext: _Extract
+    pending_at: tuple[tuple[str, int, int], ...]  # (pg, seq, entry index) of each pending op
+    group_ids: tuple[tuple[int, str, str], ...]  # (entry index, pg, pg_id): where each group's pg_id was read
+
+    @staticmethod
+    def plain(ext: _Extract) -> bool:
+        """Collectives only, none coalesced and no all_to_all: records made from the compared columns alone."""
+        return not any(key.startswith(_ALL_TO_ALL) for key in ext.signatures) and all(
+            len(set(track.seqs)) == len(track.seqs) for track in ext.tracks.values()
+        )
+
+    @classmethod
+    def of(cls, ext: _Extract) -> _Made | None:
+        """None when a pending op cannot be placed again (then the dump is no template)."""
+        at = {
+            (pg, seq): index
+            for pg, track in ext.tracks.items()
+            for seq, index in zip(track.seqs, track.indices, strict=True)
+        }
+        if any((pg, seq) not in at for pg, seq, _, _ in ext.pending):
+            return None
+        pending = tuple((pg, seq, at[(pg, seq)]) for pg, seq, _, _ in ext.pending)
+        groups = tuple((track.indices[0], pg, ext.pg_ids[pg]) for pg, track in ext.tracks.items() if track.indices)
+        return cls(ext, pending, groups)
+
+    def same_group_ids(self, entries: list) -> bool:
+        return all(str(entries[index].get("pg_id", pg)) == pg_id for index, pg, pg_id in self.group_ids)
+
+    def extract(self, entries: list, fetched: tuple[list, list | None]) -> _Extract:
+        """This dump's records: the template's, with its own call sites and the times of its pending ops."""
+        ext = self.ext
+        frame_col = fetched[0][_COLUMN_NAMES.index("frames")]
+        has_frames = any(frame_col)
+        site_of: dict[int, Frame | None] = {}
+        if has_frames:
+            ids = list(map(id, frame_col))
+            site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
+            sites = list(map(site_of.__getitem__, ids))
+        tracks = {
+            pg: Track(
+                track.seqs, track.keys, track.states,
+                [sites[i] for i in track.indices] if has_frames else [None] * len(track.indices),
+                track.indices, track.op_ids,
+            )
+            for pg, track in ext.tracks.items()
+        }  # fmt: skip
+        pending = [
+            (pg, seq, entries[index].get("time_created_ns") or 0, _int(entries[index].get("timeout_ms"), 0))
+            for pg, seq, index in self.pending_at
+        ]
+        stamps = fetched[1]
+        latest_ns = _latest_stamp(stamps) if pending and stamps is not None else None
+        return ext._replace(tracks=tracks, pending=pending, has_frames=has_frames, latest_ns=latest_ns)
+
+
+_templates = Templates()
 
 
 class _Extract(NamedTuple):

@@ -138,7 +138,7 @@ def _check_groups(column: tuple) -> None:
         _ints_in_range([p for p in parts if type(p) is int], "process_group")
 
 
-def _check_frames(column: tuple, size: int) -> None:
+def check_frames(column: tuple, size: int) -> None:
     """A list of frame dicts per entry; genuine dumps share frame lists and dicts between entries, so each
     distinct one is checked once."""
     values, _ = _present(column, _SEQUENCE, "frames", "a list of frames")
@@ -195,7 +195,7 @@ def check_entries(entries: Any, size: int, columns: Mapping[str, list | tuple] |
         _check_sizes(columns[field], field, size)
     for field in ("input_dtypes", "output_dtypes"):
         _check_dtypes(columns[field], field, size)
-    _check_frames(columns["frames"], size)
+    check_frames(columns["frames"], size)
 
 
 def check_header(data: dict, size: int, max_rank: int) -> None:
