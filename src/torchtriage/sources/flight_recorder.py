@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
-from torchtriage.sources.fields import as_int
+from torchtriage.sources.fields import TextMemo, as_int
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
 from torchtriage.sources.fr_template import Templates
 from torchtriage.sources.limits import LimitExceeded
@@ -357,19 +357,15 @@ def _rank_of(data: dict, rank_hint: int | None) -> tuple[int, str]:
     return rank_hint, "file name"
 
 
-_digests: dict[str, str] = {}
-_DIGESTS_KEPT = 4096
+_digests = TextMemo()
 
 
 def _ranks_digest(text: str) -> str:
     """A short digest of a group's ranks text, each distinct text hashed once per process: every dump of a
-    16,384-rank job repeats the world's 100 KB "[0, 1, ..., 16383]" (the text's own hash is cached, the
-    lookup costs a comparison)."""
+    16,384-rank job repeats the world's 100 KB "[0, 1, ..., 16383]"."""
     digest = _digests.get(text)
     if digest is None:
-        if len(_digests) >= _DIGESTS_KEPT:
-            _digests.clear()
-        digest = _digests[text] = hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+        digest = _digests.put(text, hashlib.blake2b(text.encode(), digest_size=8).hexdigest())
     return digest
 
 
@@ -507,18 +503,17 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
     compared = made = None
     if fetched is not None:
         frames_at = _COLUMN_NAMES.index("frames")
-        fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
         compared = (*fetched[0][:frames_at], tuple(map(_OP_ID, entries)))
         made = _templates.find(compared)
         if made is not None and not made.same_group_ids(entries):
             made = None
-    if made is not None:  # equal to checked columns: only the frames, which each dump has of its own, are checked
-        check_frames(fetched[0][frames_at], size)  # type: ignore[index]
-    else:
+        if made is None:
+            fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
+    if made is None:
         check_entries(entries, size, dict(zip(_COLUMN_NAMES, fetched[0], strict=True)) if fetched else None)
     pg_config, ranks_text, nameless_ranks = _pg_config(data)
-    if made is not None:
-        ext = made.extract(entries, fetched)  # type: ignore[arg-type]
+    if made is not None:  # equal to checked columns: only what each dump has of its own is read and checked
+        ext = made.extract(entries, fetched, size)  # type: ignore[arg-type]
     else:
         ext = _extract(entries, fetched, compared)
     if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
@@ -558,7 +553,7 @@ def _extract(entries: list, fetched: tuple[list, list | None] | None, compared: 
     plain = compared is not None and not ext.p2p and _Made.plain(ext)
     _finish_tracks(ext.tracks, entries, ext.signatures)
     _add_op_ids(ext.tracks, entries)
-    made = _Made.of(ext) if plain else None
+    made = _Made.of(ext, tuple(fetched[0][_COLUMN_NAMES.index("frames")])) if plain else None  # type: ignore[index]
     if made is not None:
         _templates.keep(compared, made)  # type: ignore[arg-type]
     return ext
@@ -571,6 +566,7 @@ class _Made(NamedTuple):
     ext: _Extract
     pending_at: tuple[tuple[str, int, int], ...]  # (pg, seq, entry index) of each pending op
     group_ids: tuple[tuple[int, str, str], ...]  # (entry index, pg, pg_id): where each group's pg_id was read
+    frames: tuple  # the checked frames column: a dump with equal frames has the same call sites
 
     @staticmethod
     def plain(ext: _Extract) -> bool:
@@ -580,7 +576,7 @@ class _Made(NamedTuple):
         )
 
     @classmethod
-    def of(cls, ext: _Extract) -> _Made | None:
+    def of(cls, ext: _Extract, frames: tuple) -> _Made | None:
         """None when a pending op cannot be placed again (then the dump is no template)."""
         at = {
             (pg, seq): index
@@ -591,29 +587,31 @@ class _Made(NamedTuple):
             return None
         pending = tuple((pg, seq, at[(pg, seq)]) for pg, seq, _, _ in ext.pending)
         groups = tuple((track.indices[0], pg, ext.pg_ids[pg]) for pg, track in ext.tracks.items() if track.indices)
-        return cls(ext, pending, groups)
+        return cls(ext, pending, groups, frames)
 
     def same_group_ids(self, entries: list) -> bool:
         return all(str(entries[index].get("pg_id", pg)) == pg_id for index, pg, pg_id in self.group_ids)
 
-    def extract(self, entries: list, fetched: tuple[list, list | None]) -> _Extract:
-        """This dump's records: the template's, with its own call sites and the times of its pending ops."""
+    def extract(self, entries: list, fetched: tuple[list, list | None], size: int) -> _Extract:
+        """This dump's records: the template's, with the times of its pending ops and its call sites (the
+        template's when the frames are equal; read and checked like any dump's when not)."""
         ext = self.ext
-        frame_col = fetched[0][_COLUMN_NAMES.index("frames")]
-        has_frames = any(frame_col)
-        site_of: dict[int, Frame | None] = {}
-        if has_frames:
-            ids = list(map(id, frame_col))
-            site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
-            sites = list(map(site_of.__getitem__, ids))
+        frames_at = _COLUMN_NAMES.index("frames")
+        has_frames, sites_of = ext.has_frames, {pg: track.sites for pg, track in ext.tracks.items()}
+        if self.frames != tuple(fetched[0][frames_at]):  # the checked side first: it bounds the walk
+            frame_col = fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
+            check_frames(frame_col, size)
+            has_frames = any(frame_col)
+            sites = [None] * len(frame_col)
+            if has_frames:
+                ids = list(map(id, frame_col))
+                site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
+                sites = list(map(site_of.__getitem__, ids))
+            sites_of = {pg: [sites[i] for i in track.indices] for pg, track in ext.tracks.items()}
         tracks = {
-            pg: Track(
-                track.seqs, track.keys, track.states,
-                [sites[i] for i in track.indices] if has_frames else [None] * len(track.indices),
-                track.indices, track.op_ids,
-            )
+            pg: Track(track.seqs, track.keys, track.states, sites_of[pg], track.indices, track.op_ids)
             for pg, track in ext.tracks.items()
-        }  # fmt: skip
+        }
         pending = [
             (pg, seq, entries[index].get("time_created_ns") or 0, _int(entries[index].get("timeout_ms"), 0))
             for pg, seq, index in self.pending_at

@@ -23,7 +23,7 @@ from operator import is_not, methodcaller
 from typing import Any
 
 from torchtriage.sources import limits
-from torchtriage.sources.fields import INT64, FieldError, as_int, describe, is_plain_int
+from torchtriage.sources.fields import INT64, FieldError, TextMemo, as_int, describe, is_plain_int
 from torchtriage.sources.limits import LimitExceeded
 
 _NONE = type(None)
@@ -246,7 +246,7 @@ def _check_group_config(key: str, info: Any, size: int, max_rank: int) -> None:
 
 
 _RANKS_TEXT = re.compile(r"\s*[\[(]?\s*(?:\d{1,9}\s*(?:,\s*\d{1,9}\s*)*,?)?\s*[\])]?\s*")
-_parsed_ranks: dict[str, tuple[int, ...]] = {}
+_parsed_ranks = TextMemo()
 
 
 def ranks_in_text(text: str, field: str = "ranks", max_rank: int | None = None) -> tuple[int, ...]:
@@ -261,5 +261,5 @@ def ranks_in_text(text: str, field: str = "ranks", max_rank: int | None = None) 
         limit = limits.active().rank if max_rank is None else max_rank
         if parsed and max(parsed) > limit:
             raise LimitExceeded(f"`{field}` holds the rank {max(parsed):,}, past the largest rank accepted", "rank")
-        _parsed_ranks[text] = parsed
+        _parsed_ranks.put(text, parsed)
     return parsed
