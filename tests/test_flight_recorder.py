@@ -483,7 +483,10 @@ def _spmd_job(folder: Path, world: int = 40) -> None:
     """Two groups used in turn, the last world collective pending; ranks differ where a job's ranks do:
     the creation time of the pending op (some past their timeout), one rank's call site, one rank's size."""
     half = world // 2
-    halves = {str(1 + h): {"name": str(1 + h), "desc": f"half{1 + h}", "ranks": str(list(range(h * half, (h + 1) * half)))} for h in (0, 1)}  # fmt: skip
+    halves = {
+        str(1 + h): {"name": str(1 + h), "desc": f"half{1 + h}", "ranks": str(list(range(h * half, (h + 1) * half)))}
+        for h in (0, 1)
+    }
     for rank in range(world):
         sub = str(1 + rank // half)
         ops = []

@@ -239,3 +239,21 @@ def test_an_unreadable_subfolder_is_named_not_skipped_in_silence(tmp_path, monke
     found = discover([str(tmp_path)], problems)
     assert [os.path.basename(i.path) for i in found] == ["rank0.log"]
     assert problems == [f"{locked}: cannot be read: Permission denied (check its permissions)."]
+
+
+def test_a_folder_of_thousands_is_sniffed_on_every_core_with_the_same_result(tmp_path, monkeypatch):
+    from torchtriage.sources import registry
+
+    stack = 'Process 7: python train.py\nPython v3.12.3\n\nThread 0x1 (idle): "MainThread"\n    main (train.py:3)\n'
+    for rank in range(2100):
+        (tmp_path / f"rank{rank:02d}.txt").write_text(stack.replace("7", str(40000 + rank)))
+    (tmp_path / "rank2100.txt").write_bytes(b"")
+    (tmp_path / "notes.bin").write_bytes(b"\x00\x01" * 100)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    forked_problems: list[str] = []
+    forked = discover([str(tmp_path)], forked_problems)
+    monkeypatch.setattr(registry, "_FORK_FROM", 10**9)
+    serial_problems: list[str] = []
+    assert forked == discover([str(tmp_path)], serial_problems) and forked_problems == serial_problems
+    assert [i.rank for i in forked if i.kind == SourceKind.PYSPY] == list(range(2100))
+    assert any("rank2100.txt: the file is empty" in p for p in forked_problems)

@@ -84,13 +84,14 @@ def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
 _POOL_FROM = 256  # dumps
 
 
-def _flight_recorder(found: RunInputs, run: RunAnalysis) -> Assessment:
+def _flight_recorder(found: RunInputs, run: RunAnalysis, meanwhile: Callable[[], object] | None = None) -> Assessment:
+    """`meanwhile` runs in this process while forked children start loading the dumps."""
     from torchtriage.analysis.flight_recorder import assess_dumps
     from torchtriage.sources.flight_recorder import load_dump_files
 
     files = found.files(SourceKind.FLIGHT_RECORDER)
     # A few dumps load faster here than a pool starts; thousands are read on every core.
-    run.flight_recorder = load_dump_files(files, jobs=1 if len(files) < _POOL_FROM else None)
+    run.flight_recorder = load_dump_files(files, jobs=1 if len(files) < _POOL_FROM else None, meanwhile=meanwhile)
     return assess_dumps(run.flight_recorder)
 
 
@@ -127,14 +128,27 @@ def analyse_run(
     run = RunAnalysis(Verdict(Category.UNKNOWN, [], ""), list(collected))
     reasons = dict(_MISSING)
     problems = list(found.problems)
-    for name, kinds, analyzer in _ANALYZERS:
-        if not found.of(*kinds):
-            continue
+    made: dict[str, Assessment] = {}
+
+    def assess(name: str, analyzer: Callable[..., Assessment], *args: object) -> None:
         try:
-            run.assessments.append(analyzer(found, run))
+            made[name] = analyzer(found, run, *args)
         except TriageError as err:
             reasons[name] = str(err)
             problems.append(f"{name}: {err}")
+
+    present = [(name, analyzer) for name, kinds, analyzer in _ANALYZERS if found.of(*kinds)]
+    others = [(name, analyzer) for name, analyzer in present if analyzer is not _flight_recorder]
+    pending = list(others)
+
+    def assess_others() -> None:
+        while pending:
+            assess(*pending.pop(0))
+
+    if len(others) < len(present):  # the other sources are read here while the dumps load on the other cores
+        assess("flight_recorder", _flight_recorder, assess_others)
+    assess_others()  # without dumps, or when their loading failed before it got to them
+    run.assessments += [made[name] for name, _ in present if name in made]
     snapshots = _snapshots(found.files(SourceKind.MEMORY_SNAPSHOT), problems, on_snapshot)
     run.snapshots = snapshots
     if snapshots:

@@ -27,7 +27,7 @@ import math
 import os
 import re
 import zlib
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
@@ -37,6 +37,7 @@ from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import TextMemo, as_int
+from torchtriage.sources.forked import can_fork, map_forked
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
 from torchtriage.sources.fr_template import Templates
 from torchtriage.sources.limits import LimitExceeded
@@ -981,7 +982,7 @@ def load_dump_files(
     gc.disable()
     try:
         if jobs > 1 and len(files) >= _POOL_THRESHOLD:
-            loader = _load_forked if hasattr(os, "fork") else _load_in_pool
+            loader = _load_forked if can_fork() else _load_in_pool
             results = loader(files, jobs, meanwhile)
         else:
             if meanwhile is not None:
@@ -1052,85 +1053,14 @@ def _load_in_pool(
         return list(loading)
 
 
-# Chunk numbers travel through a pipe, written before any process reads; at 4 bytes each, this many fit in the
-# smallest pipe buffer (16 KiB on macOS), so writing them never blocks.
-_MAX_CHUNKS = 4096
-_TOKEN = 4
-
-
-def _take_chunks(queue: int, files: list[str], chunk: int) -> Iterator[list[tuple[int, RankDump | DumpProblem]]]:
-    """Load chunks of files, taking chunk numbers from the queue until it is empty: a busy core takes fewer."""
-    while len(token := os.read(queue, _TOKEN)) == _TOKEN:
-        start = int.from_bytes(token, "little") * chunk
-        yield [(index, load_one(files[index])) for index in range(start, min(start + chunk, len(files)))]
-
-
 def _load_forked(
     files: list[str], jobs: int, meanwhile: Callable[[], object] | None = None
 ) -> list[RankDump | DumpProblem]:
-    """Load on this process and `jobs - 1` forked children, which share a queue of chunks of files.
-
-    Lighter than a process pool: no helper threads, no import of multiprocessing, and this process works
-    too instead of waiting. Each child sends its records back in one pickle when the queue is empty; files
-    whose records never arrive (a child that died) are loaded here, so a crash costs time, never ranks.
-    """
-    import pickle
-
-    chunk = max(1, len(files) // (jobs * 16), -(-len(files) // _MAX_CHUNKS))
-    chunks = -(-len(files) // chunk)
-    jobs = min(jobs, chunks)
-    queue, feed = os.pipe()
-    os.write(feed, b"".join(n.to_bytes(_TOKEN, "little") for n in range(chunks)))
-    os.close(feed)
-    children: list[tuple[int, int]] = []  # (pid, read end of its result pipe)
-    results: list[RankDump | DumpProblem | None] = [None] * len(files)
+    """Load on this process and `jobs - 1` forked children (`forked.map_forked`); each process sends the
+    ranks text of a group once."""
     global _sent_ranks
-    sent_before = _sent_ranks
+    sent_before, _sent_ranks = _sent_ranks, set()
     try:
-        for _ in range(jobs - 1):
-            read_end, write_end = os.pipe()
-            try:
-                pid = os.fork()
-            except OSError:  # no more processes to be had: the ones running take the remaining chunks
-                os.close(read_end)
-                os.close(write_end)
-                break
-            if pid == 0:  # the child: load, send, and leave without running any of the parent's exit handlers
-                status = 1
-                try:
-                    os.close(read_end)
-                    _worker_init()
-                    # Each chunk is pickled as soon as it is loaded, while the others still load: the parent
-                    # then waits only for the bytes. They are sent at the end (the parent reads only then).
-                    sent = [pickle.dumps(done, pickle.HIGHEST_PROTOCOL) for done in _take_chunks(queue, files, chunk)]
-                    with open(write_end, "wb") as out:
-                        out.writelines(sent)
-                    status = 0
-                finally:
-                    os._exit(status)
-            os.close(write_end)
-            children.append((pid, read_end))
-        if meanwhile is not None:
-            meanwhile()  # the children load meanwhile; this process takes fewer chunks
-        _sent_ranks = set()
-        for done in _take_chunks(queue, files, chunk):
-            for index, result in done:
-                results[index] = result
-        for _pid, read_end in children:
-            with open(read_end, "rb", closefd=False) as stream:
-                while True:
-                    try:
-                        done = pickle.load(stream)
-                    except EOFError:
-                        break
-                    except (pickle.UnpicklingError, ValueError, TypeError, AttributeError, IndexError):
-                        break  # a child that died while sending: the files it did not send are loaded below
-                    for index, result in done:
-                        results[index] = result
+        return map_forked(load_one, files, jobs, meanwhile, child_init=_worker_init)
     finally:
         _sent_ranks = sent_before
-        os.close(queue)
-        for pid, read_end in children:
-            os.close(read_end)  # a child still writing gets a broken pipe instead of waiting forever
-            os.waitpid(pid, 0)
-    return [result if result is not None else load_one(path) for path, result in zip(files, results, strict=True)]

@@ -21,6 +21,7 @@ from typing import BinaryIO
 
 from torchtriage.model import SourceKind
 from torchtriage.sources.fields import as_int
+from torchtriage.sources.forked import can_fork, map_forked
 from torchtriage.sources.limits import ByteBudget
 from torchtriage.sources.streams import GZIP_MAGIC, Budgeted, Replay, TolerantGunzip, open_regular
 
@@ -346,6 +347,23 @@ def _walk(folder: str, problems: list[str]) -> list[str]:
     return sorted(found, key=_natural_key)
 
 
+# Below this many files, forking costs more than sniffing them here.
+_FORK_FROM = 2048
+
+
+def _examine_found(path: str) -> tuple[Input | None, str | None]:
+    problems: list[str] = []
+    return _examine(path, problems, named=False), problems[0] if problems else None
+
+
+def _examine_all(files: list[str]) -> list[tuple[Input | None, str | None]]:
+    """Each file of a folder examined; a folder of thousands (a rank's stack and dump each) on every core."""
+    jobs = os.cpu_count() or 1
+    if jobs > 1 and len(files) >= _FORK_FROM and can_fork():
+        return map_forked(_examine_found, files, jobs)
+    return [_examine_found(f) for f in files]
+
+
 def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
     """Every artifact under `paths`, each with its kind; what cannot be read is added to `problems`."""
     inputs: list[Input] = []
@@ -359,7 +377,12 @@ def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
             inputs.append(Input(STDIN, sniff(head), head.compressed, None))
         elif os.path.isdir(path):
             files = _walk(path, problems)
-            found = [i for i in (_examine(f, problems, named=False) for f in files) if i is not None]
+            found = []
+            for item, problem in _examine_all(files):
+                if item is not None:
+                    found.append(item)
+                if problem:
+                    problems.append(problem)
             if not found:
                 problems.append(f"{path}: the folder holds no file torchtriage can read.")
             inputs += found
