@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import compress, count, repeat
+from operator import ne
 from typing import Any
 
 from torchtriage.sources.flight_recorder import LoadResult, RankDump
@@ -49,9 +51,10 @@ class Program:
     """One rank's collectives: the one it waits in and how far it got per group, read at once; its whole
     program (every op in record order, across groups) only when a cycle needs it."""
 
-    def __init__(self, dump: RankDump) -> None:
+    def __init__(self, dump: RankDump, frozen: dict[int, tuple[list, tuple]] | None = None) -> None:
         self.rank = dump.rank
         self.dump = dump
+        self._frozen = {} if frozen is None else frozen  # id(list) -> (list, its tuple): shared by the ranks
         self.reach: dict[str, int | None] = {name: _reach(dump, name) for name in dump.tracks}
         self.last = last_op(dump)
         self.waiting: IssuedOp | None = _waiting(dump, self.last)
@@ -65,11 +68,19 @@ class Program:
         them all (half of 16k ranks may sit in one cycle, most of them alike). Call sites count by identity
         (the loader makes equal ones one object; hashing each frame would cost more than the reading)."""
         if self._shape is None:
+            frozen = self._freeze
             self._shape = tuple(
-                (name, tuple(t.seqs), tuple(t.keys), tuple(map(id, t.sites)), tuple(t.indices), tuple(t.states))
+                (name, frozen(t.seqs), frozen(t.keys), tuple(map(id, t.sites)), frozen(t.indices), frozen(t.states))
                 for name, t in sorted(self.dump.tracks.items())
             ) + ((self.waiting.index if self.waiting else None),)
         return self._shape
+
+    def _freeze(self, column: list) -> tuple:
+        """The column as a tuple, made once for the ranks whose dumps share it (those read from one template)."""
+        known = self._frozen.get(id(column))
+        if known is None or known[0] is not column:
+            known = self._frozen[id(column)] = (column, tuple(column))
+        return known[1]
 
     @property
     def ops(self) -> list[IssuedOp]:
@@ -141,7 +152,7 @@ def _waiting(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
         # A backend that records states (NCCL): the first op that has not completed holds the rank.
         pending = []
         for name, track in dump.tracks.items():
-            i = next((i for i, state in enumerate(track.states) if state != "completed"), None)
+            i = next(compress(count(), map(ne, track.states, repeat("completed"))), None)  # at C speed
             if i is not None:
                 pending.append((track.indices[i], name, i))
         return _op(dump, *min(pending)[1:]) if pending else None
@@ -177,7 +188,8 @@ def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
 
 
 def programs_of(load: LoadResult) -> dict[int, Program]:
-    return {dump.rank: Program(dump) for dump in load.dumps}
+    frozen: dict[int, tuple[list, tuple]] = {}
+    return {dump.rank: Program(dump, frozen) for dump in load.dumps}
 
 
 # ------------------------------------------------------------------------------------------------- graph
