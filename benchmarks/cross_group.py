@@ -15,8 +15,9 @@ says (the families of tests/jobs/cross_group.py, recorded for real in tests/fixt
 
 Then times `torchtriage diagnose DIR --json` (stacks and flight recorder fused) and prints whether it
 named the culprit alone, its peak memory, and, with --torch, PyTorch's `fr_trace` on the same dumps
-(its culprit and time: the ratio). Targets: the culprit named in every case; 16,384 ranks in <= 10 s
-and <= 1 GB on 2 cores.
+(its culprit and time: the ratio); with --floor, the C unpickler alone over the same dumps on every core
+(the part of the time no reader of these pickles avoids). Targets: the culprit named in every case;
+16,384 ranks in <= 10 s and <= 1 GB on 2 cores.
 """
 
 from __future__ import annotations
@@ -157,6 +158,24 @@ def write_case(folder: Path, case: str, world: int, culprit: int, steps: int) ->
         list(pool.map(_write_one, jobs, chunksize=64))
 
 
+def _unpickle_share(paths: list[str]) -> None:
+    for path in paths:
+        with open(path, "rb") as handle:
+            pickle.loads(handle.read())
+
+
+def unpickling_floor(folder: Path) -> float:
+    """Seconds the C unpickler alone takes over the folder's dumps on every core: no reader can go below it."""
+    import time
+
+    paths = sorted(str(p) for p in (folder / "fr").iterdir())
+    jobs = os.cpu_count() or 1
+    started = time.perf_counter()
+    with ProcessPoolExecutor(jobs) as pool:
+        list(pool.map(_unpickle_share, [paths[i::jobs] for i in range(jobs)]))
+    return time.perf_counter() - started
+
+
 def torch_fr_trace(folder: Path, timeout: float):
     """PyTorch's analyzer on the dumps: the ranks it blames ("Culprit rank N", "missing ranks: {...}")."""
     command = [
@@ -180,6 +199,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--torch", action="store_true", help="also run PyTorch's fr_trace on the dumps")
+    parser.add_argument("--floor", action="store_true", help="also time the C unpickler alone over the dumps")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cross_group_"))
     print(
@@ -206,6 +226,10 @@ def main() -> None:
                     f"{case:<20} {world:>6}  {culprit:>7}  {str(named):<8} {'yes' if right else 'NO':<5} "
                     f"{done['wall_s']:>6.2f}s {done['peak_mb']:>8.0f}  {decided}"
                 )
+                if args.floor:
+                    floor = unpickling_floor(folder)
+                    print(f"{'  unpickling alone':<20} {world:>6}  {'':>7}  {'':<8} {'':<5} {floor:>6.2f}s", end="")
+                    print("  (the C unpickler over the dumps, on every core)")
                 if args.torch:
                     theirs, blamed = torch_fr_trace(folder, 900)
                     shown = str(blamed) if len(blamed) < 4 else f"{len(blamed)} ranks"
