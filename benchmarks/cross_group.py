@@ -169,7 +169,7 @@ def unpickling_floor(folder: Path) -> float:
     import time
 
     paths = sorted(str(p) for p in (folder / "fr").iterdir())
-    jobs = os.cpu_count() or 1
+    jobs = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     started = time.perf_counter()
     with ProcessPoolExecutor(jobs) as pool:
         list(pool.map(_unpickle_share, [paths[i::jobs] for i in range(jobs)]))
@@ -203,7 +203,7 @@ def main() -> None:
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cross_group_"))
     print(
-        f"python {sys.version.split()[0]}, {os.cpu_count()} cores; "
+        f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} cores; "
         f"{args.steps} steps, {2 * args.steps} entries per dump"
     )
     print(

@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--keep", metavar="DIR", help="write the dumps under DIR and keep them")
     args = parser.parse_args()
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fr_speed_"))
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; dumps under {base}")
+    print(f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} cores; dumps under {base}")
     try:
         for world in args.ranks:
             culprit = world // 3 + 1

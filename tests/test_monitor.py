@@ -93,6 +93,28 @@ def test_a_decision_carries_the_sentence_rank_0_logs():
     assert decision["line"].startswith("torchtriage StepMonitor: steps 101-150: rank 3 is the straggler (data)")
 
 
+def test_a_cut_record_is_said_and_never_read_as_a_log_that_stops(tmp_path):
+    stats = even()
+    stats[3]["data"] = 0.041
+    (decision,) = S.Decider().window(101, 150, stats)
+    record = json.dumps(decision)
+    records = tmp_path / "monitor" / "stragglers.jsonl"
+    records.parent.mkdir()
+    for cut in (60, len(record) // 2, len(record) - 2):  # in the schema, in the sentence, after it
+        records.write_text(record[:cut])
+        done = subprocess.run(
+            [sys.executable, "-m", "torchtriage", "diagnose", str(tmp_path)], capture_output=True, text=True
+        )
+        assert done.returncode == 3 and "cut off before its end" in done.stderr and "Traceback" not in done.stderr
+    records.write_text(record + "\n" + record[: len(record) // 2])
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "diagnose", "--json", str(tmp_path)], capture_output=True, text=True
+    )
+    verdict = json.loads(done.stdout)
+    assert done.returncode == 1 and verdict["category"] == "straggler" and verdict["culprit_ranks"] == [3]
+    assert any("its last record is cut off" in problem for problem in verdict["problems"])
+
+
 def test_the_report_reads_the_monitor_files_and_skips_bad_lines(tmp_path):
     from torchtriage.report.html import monitor_section
     from torchtriage.sources.monitor_windows import read_monitor

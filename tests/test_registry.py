@@ -249,7 +249,7 @@ def test_a_folder_of_thousands_is_sniffed_on_every_core_with_the_same_result(tmp
         (tmp_path / f"rank{rank:02d}.txt").write_text(stack.replace("7", str(40000 + rank)))
     (tmp_path / "rank2100.txt").write_bytes(b"")
     (tmp_path / "notes.bin").write_bytes(b"\x00\x01" * 100)
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(registry, "usable_cores", lambda: 2)
     forked_problems: list[str] = []
     forked = discover([str(tmp_path)], forked_problems)
     monkeypatch.setattr(registry, "_FORK_FROM", 10**9)

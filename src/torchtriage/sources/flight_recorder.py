@@ -37,7 +37,7 @@ from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import TextMemo, as_int
-from torchtriage.sources.forked import can_fork, map_forked
+from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
 from torchtriage.sources.fr_template import Templates
 from torchtriage.sources.limits import LimitExceeded
@@ -975,7 +975,7 @@ def load_dump_files(
     `meanwhile` (say, importing the analysis) runs in this process while the others start loading.
     """
     problems: list[DumpProblem] = []
-    jobs = jobs or os.cpu_count() or 1
+    jobs = jobs or usable_cores()
     results: list[RankDump | DumpProblem]
     # The records are acyclic; the cyclic collector would only rescan them again and again as they pile up.
     collecting = gc.isenabled()

@@ -26,6 +26,15 @@ def can_fork() -> bool:
     return hasattr(os, "fork")
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity (taskset, a SLURM step's or a container's cpuset), not
+    the machine's count, which would start a child per core of a 128-core host for a job given two."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS and Windows have no affinity call
+        return os.cpu_count() or 1
+
+
 def _take_chunks(
     queue: int, items: Sequence[T], chunk: int, function: Callable[[T], R]
 ) -> Iterator[list[tuple[int, R]]]:

@@ -8,6 +8,7 @@ file name, then the message.
 
 from __future__ import annotations
 
+import json
 import re
 import zlib
 from dataclasses import dataclass, field
@@ -319,7 +320,32 @@ def read_logs(
         finally:
             reader.close()
             stream.close()
+        cut = _cut_record(tail)
+        if cut is not None:
+            records.problems.append(f"{artifact.display}: {cut}")
+            if cut == _NO_RECORD:
+                continue  # nothing in it was read: counted among the unreadable
         records.files_read.append(artifact.display)
         if tail.data:
             records.tails.append(LogTail(artifact.display, artifact.rank, tail.first_line, tail.data))
     return records
+
+
+# torchtriage's own records, read as logs (the guard's nonfinite.jsonl, the monitor's stragglers.jsonl)
+_OWN_RECORD = re.compile(rb'\s*\{"schema": "torchtriage\.')
+_NO_RECORD = "it holds one record of torchtriage's, cut off before its end (the job was killed while writing it?)"
+
+
+def _cut_record(tail: Tail) -> str | None:
+    """What to say of a file of torchtriage's records whose last record is cut off; None for any other file."""
+    lines = [line for line in tail.data.splitlines() if line.strip()]
+    if not lines or not _OWN_RECORD.match(lines[-1]):
+        return None
+    try:
+        json.loads(lines[-1])
+        return None
+    except ValueError:
+        pass
+    if tail.first_line == 1 and len(lines) == 1:
+        return _NO_RECORD
+    return "its last record is cut off before its end (the job was killed while writing it?); the others are read"

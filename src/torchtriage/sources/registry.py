@@ -21,7 +21,7 @@ from typing import BinaryIO
 
 from torchtriage.model import SourceKind
 from torchtriage.sources.fields import as_int
-from torchtriage.sources.forked import can_fork, map_forked
+from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import ByteBudget
 from torchtriage.sources.streams import GZIP_MAGIC, Budgeted, Replay, TolerantGunzip, open_regular
 
@@ -358,7 +358,7 @@ def _examine_found(path: str) -> tuple[Input | None, str | None]:
 
 def _examine_all(files: list[str]) -> list[tuple[Input | None, str | None]]:
     """Each file of a folder examined; a folder of thousands (a rank's stack and dump each) on every core."""
-    jobs = os.cpu_count() or 1
+    jobs = usable_cores()
     if jobs > 1 and len(files) >= _FORK_FROM and can_fork():
         return map_forked(_examine_found, files, jobs)
     return [_examine_found(f) for f in files]
