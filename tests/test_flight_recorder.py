@@ -552,3 +552,16 @@ def test_each_ranks_position_in_the_shared_vocabulary():
     }
     assert {p.source for p in positions.values()} == {SourceKind.FLIGHT_RECORDER}
     assert positions[1].user_frame.line == 63  # the subgroup all_reduce's call site
+
+
+def test_a_dump_with_op_ids_that_are_not_integers_is_never_a_template(tmp_path):
+    from torchtriage.sources import flight_recorder as fr
+
+    fr._templates.clear()
+    nested: list = []
+    for _ in range(50):
+        nested = [nested]
+    write(tmp_path, 0, [entry(s, op_id=nested) for s in range(1, 4)])
+    loaded = load_dumps([str(tmp_path)], jobs=1)
+    assert [d.rank for d in loaded.dumps] == [0] and loaded.dumps[0].tracks["0"].op_ids == [-1, -1, -1]
+    assert not fr._templates._by_pick  # the unchecked column is no template for later dumps

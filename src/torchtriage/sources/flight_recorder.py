@@ -551,7 +551,8 @@ def _extract(entries: list, fetched: tuple[list, list | None] | None, compared: 
     if ext is None:
         ext = _extract_per_entry(entries)
         compared = None
-    plain = compared is not None and not ext.p2p and _Made.plain(ext)
+    # Every compared column was checked above but the op ids, which are taken as a template only when plain ints.
+    plain = compared is not None and not ext.p2p and _Made.plain(ext) and set(map(type, compared[-1])) <= {int}
     _finish_tracks(ext.tracks, entries, ext.signatures)
     _add_op_ids(ext.tracks, entries)
     made = _Made.of(ext, tuple(fetched[0][_COLUMN_NAMES.index("frames")])) if plain else None  # type: ignore[index]
