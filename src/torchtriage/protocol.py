@@ -17,6 +17,7 @@ here, so neither imports the other.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 RUN_DIR_ENV = "TORCHTRIAGE_RUN_DIR"
@@ -40,3 +41,12 @@ WATCHDOG_STORE_PREFIX = "torchtriage/watchdog/"
 
 def hang_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / HANG_SUBDIR
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write `text` under another name in the same folder, then rename it: whoever reads the run folder
+    while a rank writes (another rank, `diagnose`, a user's script) sees the file whole or not at all. The
+    other name starts with a dot, which every reader skips."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)

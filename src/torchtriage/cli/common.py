@@ -115,14 +115,14 @@ def write_verdict(verdict: Verdict, folder: Path) -> None:
     """DIR/verdict.json and DIR/verdict.txt, as the hang watchdog leaves them beside the evidence."""
     import io
 
-    from torchtriage.protocol import VERDICT_STEM
+    from torchtriage.protocol import VERDICT_STEM, write_whole
     from torchtriage.report.json_report import render_json
     from torchtriage.report.text import render_text
 
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"{VERDICT_STEM}.json").write_text(render_json(verdict) + "\n")
-        (folder / f"{VERDICT_STEM}.txt").write_text(render_text(verdict, stream=io.StringIO()) + "\n")
+        write_whole(folder / f"{VERDICT_STEM}.json", render_json(verdict) + "\n")
+        write_whole(folder / f"{VERDICT_STEM}.txt", render_text(verdict, stream=io.StringIO()) + "\n")
     except OSError as err:
         raise InputError(f"--write-verdict {folder}: cannot write there ({err.strerror or err}).") from None
 

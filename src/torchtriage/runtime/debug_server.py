@@ -18,7 +18,7 @@ import os
 import socket
 from pathlib import Path
 
-from torchtriage.protocol import DEBUG_SERVER_FILE, DEBUG_SERVER_WORLD_KEY
+from torchtriage.protocol import DEBUG_SERVER_FILE, DEBUG_SERVER_WORLD_KEY, write_whole
 
 
 def unavailable() -> str | None:
@@ -50,5 +50,5 @@ def start_worker(run_dir: str | os.PathLike | None) -> object:
             raw.set(DEBUG_SERVER_WORLD_KEY, world)
         if run_dir:
             record = {"store": address, "world_size": int(world) if world.isdigit() else None}
-            (Path(run_dir) / DEBUG_SERVER_FILE).write_text(json.dumps(record) + "\n")
+            write_whole(Path(run_dir) / DEBUG_SERVER_FILE, json.dumps(record) + "\n")
     return server

@@ -41,6 +41,7 @@ from torchtriage.protocol import (
     STALL_SECONDS_ENV,
     VERDICT_STEM,
     hang_dir,
+    write_whole,
 )
 from torchtriage.protocol import WATCHDOG_STORE_PREFIX as STORE_PREFIX
 
@@ -394,7 +395,7 @@ class HangWatchdog:
             return
         verdict = json.loads(written.read_text())
         verdict["facts"]["reported_by_rank"] = self.rank
-        written.write_text(json.dumps(verdict, indent=2) + "\n")
+        write_whole(written, json.dumps(verdict, indent=2) + "\n")
 
 
 _LISTEN_FOR = timedelta(days=30)  # one wait; a wait that times out logs a warning
