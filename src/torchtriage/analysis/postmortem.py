@@ -138,14 +138,13 @@ def analyse_run(
             problems.append(f"{name}: {err}")
 
     present = [(name, analyzer) for name, kinds, analyzer in _ANALYZERS if found.of(*kinds)]
-    others = [(name, analyzer) for name, analyzer in present if analyzer is not _flight_recorder]
-    pending = list(others)
+    pending = [(name, analyzer) for name, analyzer in present if analyzer is not _flight_recorder]
 
     def assess_others() -> None:
         while pending:
             assess(*pending.pop(0))
 
-    if len(others) < len(present):  # the other sources are read here while the dumps load on the other cores
+    if len(pending) < len(present):  # the other sources are read here while the dumps load on the other cores
         assess("flight_recorder", _flight_recorder, assess_others)
     assess_others()  # without dumps, or when their loading failed before it got to them
     run.assessments += [made[name] for name, _ in present if name in made]

@@ -71,10 +71,6 @@ def _shows_a_stall(stack: LogStack, interrupted: bool) -> bool:
     return stack.exception is None and (not stack.headed or interrupted)
 
 
-# A record of runtime/nonfinite_verdict.py or runtime/straggler.py, read as a log line (sources/registry.py).
-_OWN_RECORD = re.compile(r'\s*\{"schema": "torchtriage\.')
-
-
 def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     rich = tail.lines_with_severity()
     lines = [(number, text, rank) for number, text, rank, _ in rich]
@@ -84,7 +80,7 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     stacks = [s for s in stacks_in(lines) if _shows_a_stall(s, interrupt is not None)]
     meaningful = _meaningful(window, known)
     last = meaningful[-1] if meaningful else None
-    if last is not None and _OWN_RECORD.match(last[1]):
+    if tail.last_own_record is not None:
         last = None  # torchtriage's own records (the guard's, the monitor's): where they end says nothing of a stall
     # Teardown chatter may follow the sign of a finished job ("Destroy COMPLETE", then plugins closing).
     finished = any(known.finished_by(text) for _, text, _ in meaningful[-_FINISH_WINDOW:])

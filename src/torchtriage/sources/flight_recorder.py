@@ -227,6 +227,13 @@ def _user_site(frames: Any) -> Frame | None:
     return None
 
 
+def _sites_of(frame_col: list | tuple) -> list[Frame | None]:
+    """Each entry's call site, judged once per distinct frame list (`_shared_frames` made equal lists one object)."""
+    ids = list(map(id, frame_col))
+    site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
+    return list(map(site_of.__getitem__, ids))
+
+
 def _split_name(profiling_name: str) -> tuple[str, str]:
     backend, _, name = profiling_name.partition(":")
     return (backend, name) if name else ("", backend)
@@ -604,11 +611,7 @@ class _Made(NamedTuple):
             frame_col = fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
             check_frames(frame_col, size)
             has_frames = any(frame_col)
-            sites = [None] * len(frame_col)
-            if has_frames:
-                ids = list(map(id, frame_col))
-                site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
-                sites = list(map(site_of.__getitem__, ids))
+            sites = _sites_of(frame_col) if has_frames else [None] * len(frame_col)
             sites_of = {pg: [sites[i] for i in track.indices] for pg, track in ext.tracks.items()}
         tracks = {
             pg: Track(track.seqs, track.keys, track.states, sites_of[pg], track.indices, track.op_ids)
@@ -838,11 +841,7 @@ def _extract_columns(entries: list, fetched: tuple[list, list | None] | None) ->
     fields = list(zip(names, in_sizes, out_sizes, in_dtypes, out_dtypes, strict=True))
     keys, signatures, backend = _keys_by_run(entries, coll, fields)
     has_frames = any(frame_col)
-    sites: list[Frame | None] = [None] * len(coll) if not has_frames else []
-    if has_frames:  # one call site per distinct frame list (`_shared_frames` made equal lists one object)
-        ids = list(map(id, frame_col))
-        site_of = {key: _user_site(frames) for key, frames in dict(zip(ids, frame_col, strict=True)).items()}
-        sites = list(map(site_of.__getitem__, ids))
+    sites = _sites_of(frame_col) if has_frames else [None] * len(coll)
     seqs = list(seq_col)
     if set(map(type, seqs)) != {int}:
         seqs = [seq if type(seq) is int else _int(seq) for seq in seqs]

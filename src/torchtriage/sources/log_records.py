@@ -79,6 +79,13 @@ class LogTail:
     data: bytes
     _normalised: list | None = field(default=None, repr=False, compare=False)
 
+    @property
+    def last_own_record(self) -> bytes | None:
+        """Its last line, when that is a record of torchtriage's own (nonfinite.jsonl or stragglers.jsonl, read
+        as a log): where such a file ends says nothing of where a job stopped."""
+        last = self.data.rstrip().rpartition(b"\n")[2]
+        return last if _OWN_RECORD.match(last) else None
+
     def lines(self) -> list[tuple[int, str, int | None]]:
         """(line number, normalised text, rank) of every line of the tail."""
         return [(number, text, rank) for number, text, rank, _ in self.lines_with_severity()]
@@ -119,6 +126,8 @@ class LogRecords:
     tails: list[LogTail] = field(default_factory=list)
 
 
+# The start of a record of torchtriage's own, read as a log line (sources/registry.py: _READ_AS_LOGS).
+_OWN_RECORD = re.compile(rb'\s*\{\s*"schema"\s*:\s*"torchtriage\.')
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
 _EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault|Timeout))"
@@ -320,32 +329,31 @@ def read_logs(
         finally:
             reader.close()
             stream.close()
-        cut = _cut_record(tail)
+        log_tail = LogTail(artifact.display, artifact.rank, tail.first_line, tail.data)
+        cut = _cut_record(log_tail)
         if cut is not None:
             records.problems.append(f"{artifact.display}: {cut}")
             if cut == _NO_RECORD:
                 continue  # nothing in it was read: counted among the unreadable
         records.files_read.append(artifact.display)
         if tail.data:
-            records.tails.append(LogTail(artifact.display, artifact.rank, tail.first_line, tail.data))
+            records.tails.append(log_tail)
     return records
 
 
-# torchtriage's own records, read as logs (the guard's nonfinite.jsonl, the monitor's stragglers.jsonl)
-_OWN_RECORD = re.compile(rb'\s*\{"schema": "torchtriage\.')
 _NO_RECORD = "it holds one record of torchtriage's, cut off before its end (the job was killed while writing it?)"
 
 
-def _cut_record(tail: Tail) -> str | None:
+def _cut_record(tail: LogTail) -> str | None:
     """What to say of a file of torchtriage's records whose last record is cut off; None for any other file."""
-    lines = [line for line in tail.data.splitlines() if line.strip()]
-    if not lines or not _OWN_RECORD.match(lines[-1]):
+    last = tail.last_own_record
+    if last is None:
         return None
     try:
-        json.loads(lines[-1])
+        json.loads(last)
         return None
     except ValueError:
         pass
-    if tail.first_line == 1 and len(lines) == 1:
+    if tail.first_line == 1 and b"\n" not in tail.data.strip():
         return _NO_RECORD
     return "its last record is cut off before its end (the job was killed while writing it?); the others are read"

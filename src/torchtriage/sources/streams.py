@@ -183,13 +183,12 @@ def read_whole(path: str, what: str = "the file") -> tuple[bytes, bool]:
     raw = open_regular(path)
     try:
         budget = ByteBudget(what, streamed=False)
+        if raw.peek(2)[:2] == GZIP_MAGIC:
+            return _read_stream(Budgeted(TolerantGunzip(raw), budget))  # type: ignore[arg-type]
         # A plain file is read in one call of its own size (one byte more shows a file still growing): reading
         # in fixed pieces allocated and joined megabytes per file, three times the cost of the read itself.
         size = os.fstat(raw.fileno()).st_size
         data = raw.read(min(size, budget.limit) + 1)
-        if data[:2] == GZIP_MAGIC:
-            raw.seek(0)
-            return _read_stream(Budgeted(TolerantGunzip(raw), budget))  # type: ignore[arg-type]
         budget.take(len(data))
         if len(data) <= size:
             return data, False
