@@ -4,7 +4,9 @@ Usage: python benchmarks/cross_group.py [--ranks 1024 4096 16384] [--steps 100] 
 
 For each case and size, writes a post-mortem folder as `torchtriage run` leaves it (every rank's stack in
 py-spy's text form, `rankNN.txt`, and its NCCL flight-recorder dump under `fr/`, pickle, states recorded),
-of a job whose world is cut into two halves: every step all_reduces in the rank's half (`sync_subgroup`),
+of a job whose world is cut into two halves (or, with --group-size N, into groups of N ranks, so that each
+group's ranks have groups of their own, as tensor-parallel groups do): every step all_reduces in the rank's
+half (`sync_subgroup`),
 then on the world (`sync_world`), for --steps steps; at the last one the culprit departs as the case
 says (the families of tests/jobs/cross_group.py, recorded for real in tests/fixtures/fr_cross_group):
 
@@ -57,9 +59,8 @@ def _frames(op: str, function: str) -> list[dict]:
     ]
 
 
-def program(case: str, rank: int, world: int, culprit: int, steps: int) -> list[tuple[str, str, str, bool]]:
-    """This rank's ops in order: (group, op, function, completes)."""
-    half = world // 2
+def program(case: str, rank: int, world: int, culprit: int, steps: int, half: int) -> list[tuple[str, str, str, bool]]:
+    """This rank's ops in order: (group, op, function, completes); `half` is the size of its subgroup."""
     sub = str(1 + rank // half)
     ops = []
     for _ in range(steps - 1):
@@ -82,10 +83,10 @@ def program(case: str, rank: int, world: int, culprit: int, steps: int) -> list[
     return ops + last
 
 
-def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config: dict) -> bytes:
+def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config: dict, half: int) -> bytes:
     records, seqs, status = [], {}, {}
     t0 = 1_796_007_263_000_000_000 + rank * 1000
-    for i, (group, op, function, completes) in enumerate(program(case, rank, world, culprit, steps)):
+    for i, (group, op, function, completes) in enumerate(program(case, rank, world, culprit, steps, half)):
         seq = seqs[group] = seqs.get(group, 0) + 1
         enqueued, completed = status.get(group, (0, 0))
         status[group] = (seq, seq if completes else completed)
@@ -112,7 +113,7 @@ def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config
                 "is_p2p": False,
             }
         )
-    own = {"0": config["0"], str(1 + rank // (world // 2)): config[str(1 + rank // (world // 2))]}
+    own = {"0": config["0"], str(1 + rank // half): config[str(1 + rank // half)]}
     pg_status = {
         g: {"last_enqueued_collective": e, "last_started_collective": -1, "last_completed_collective": c}
         for g, (e, c) in status.items()
@@ -127,8 +128,8 @@ def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config
     return pickle.dumps(dump, protocol=2)
 
 
-def make_stack(case: str, rank: int, world: int, culprit: int) -> str:
-    group, op, function, _ = program(case, rank, world, culprit, 1)[-1]
+def make_stack(case: str, rank: int, world: int, culprit: int, half: int) -> str:
+    group, op, function, _ = program(case, rank, world, culprit, 1, half)[-1]
     frames = _frames(op, function)
     lines = [
         f"Process {40000 + rank}: python {JOB}",
@@ -141,19 +142,21 @@ def make_stack(case: str, rank: int, world: int, culprit: int) -> str:
 
 
 def _write_one(args: tuple) -> None:
-    folder, case, rank, world, culprit, steps, config = args
-    (Path(folder) / "fr" / f"nccl_trace_rank_{rank}").write_bytes(make_dump(case, rank, world, culprit, steps, config))
-    (Path(folder) / f"rank{rank:02d}.txt").write_text(make_stack(case, rank, world, culprit))
+    folder, case, rank, world, culprit, steps, config, half = args
+    dump = make_dump(case, rank, world, culprit, steps, config, half)
+    (Path(folder) / "fr" / f"nccl_trace_rank_{rank}").write_bytes(dump)
+    (Path(folder) / f"rank{rank:02d}.txt").write_text(make_stack(case, rank, world, culprit, half))
 
 
-def write_case(folder: Path, case: str, world: int, culprit: int, steps: int) -> None:
+def write_case(folder: Path, case: str, world: int, culprit: int, steps: int, half: int | None = None) -> None:
+    """`half`: the ranks of each subgroup (default: half the world)."""
     (folder / "fr").mkdir(parents=True)
-    half = world // 2
+    half = half or world // 2
     config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
-    for h in (0, 1):
+    for h in range(world // half):
         name = str(1 + h)
         config[name] = {"name": name, "desc": f"half{name}", "ranks": str(list(range(h * half, (h + 1) * half)))}
-    jobs = [(str(folder), case, r, world, culprit, steps, config) for r in range(world)]
+    jobs = [(str(folder), case, r, world, culprit, steps, config, half) for r in range(world)]
     with ProcessPoolExecutor() as pool:
         list(pool.map(_write_one, jobs, chunksize=64))
 
@@ -197,6 +200,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument(
+        "--group-size", type=int, help="ranks per subgroup (default: half the world); 8 gives every 8 ranks a group"
+    )
     parser.add_argument("--cases", nargs="+", default=list(CASES), choices=CASES)
     parser.add_argument("--torch", action="store_true", help="also run PyTorch's fr_trace on the dumps")
     parser.add_argument("--floor", action="store_true", help="also time the C unpickler alone over the dumps")
@@ -215,7 +221,7 @@ def main() -> None:
             for case in args.cases:
                 culprit = world // 2 + world // 3 if case != "early_exit" else world // 3  # one in each half
                 folder = base / f"{case}_{world}"
-                write_case(folder, case, world, culprit, args.steps)
+                write_case(folder, case, world, culprit, args.steps, args.group_size)
                 done = run_measured([sys.executable, "-m", "torchtriage", "diagnose", str(folder), "--json"], 600)
                 verdict = json.loads(done["out"]) if done["out"].strip().startswith("{") else {}
                 named = verdict.get("culprit_ranks")

@@ -19,6 +19,7 @@ from torchtriage.sources.registry import rank_from_name
 from torchtriage.sources.safe_pickle import PickleCorrupt, PickleRefused, safe_loads
 
 FR = FIXTURES / "fr"
+H200X1 = FIXTURES / "h200x1"
 
 
 def fr_json(*paths) -> tuple[int, dict]:
@@ -565,3 +566,158 @@ def test_a_dump_with_op_ids_that_are_not_integers_is_never_a_template(tmp_path):
     loaded = load_dumps([str(tmp_path)], jobs=1)
     assert [d.rank for d in loaded.dumps] == [0] and loaded.dumps[0].tracks["0"].op_ids == [-1, -1, -1]
     assert not fr._templates._by_pick  # the unchecked column is no template for later dumps
+
+
+# ----------------------------------------------------------------------------------------- byte templates
+
+
+def _twins(folder: Path, world: int = 12, pending_from: int = 5, share_state_with_thread: bool = False) -> None:
+    """A job whose ranks write the same dump but for what a rank writes of its own: time stamps (each rank's
+    pending op created at its own moment, odd ranks past the timeout), its thread's id, the retired flags."""
+    for rank in range(world):
+        thread = f"1405763593{rank:05d}"
+        ops = []
+        for seq in range(1, 7):
+            created = 1_796_000_000_000_000_000 + seq * 10**6 + rank * 10**3
+            if seq >= pending_from:
+                created -= (rank % 2) * 700 * 10**9  # odd ranks: created 700 s ago, past the 600 s timeout
+            state = "scheduled" if seq >= pending_from else "completed"
+            op = entry(seq, state=state, time_created_ns=created, thread_id=thread, thread_name="pt_main_thread")
+            op["time_discovered_completed_ns"] = None if seq >= pending_from else created + 5 * 10**5
+            op["retired"] = seq < pending_from - 1 - rank % 2
+            if share_state_with_thread:
+                op["thread_id"] = op["state"]  # one object: the pickle writes it once, then refers to it
+            ops.append(op)
+        write(folder, rank, ops, world=world)
+
+
+def _byte_hits(monkeypatch) -> list:
+    """Clear both kinds of template, make one after two repeats, and record each file the byte templates read."""
+    from torchtriage.sources import flight_recorder as fr
+
+    fr._templates.clear()
+    fr._byte_templates.clear()
+    monkeypatch.setattr(fr, "_BYTES_AFTER", 2)
+    find, hits = fr._byte_templates.find, []
+    monkeypatch.setattr(fr._byte_templates, "find", lambda raw, lim: hits.append(found := find(raw, lim)) or found)
+    return hits
+
+
+def _ordinary(folder: Path, monkeypatch):
+    """The dumps as the reader reads them with no template of either kind."""
+    from torchtriage.sources import flight_recorder as fr
+
+    with monkeypatch.context() as patched:
+        patched.setattr(fr._byte_templates, "find", lambda raw, lim: None)
+        patched.setattr(fr._templates, "find", lambda columns: None)
+        return load_dumps([str(folder)], jobs=1)
+
+
+def test_dumps_that_repeat_a_byte_template_read_exactly_as_the_ordinary_path_reads_them(tmp_path, monkeypatch):
+    _twins(tmp_path)
+    hits = _byte_hits(monkeypatch)
+    fast = load_dumps([str(tmp_path)], jobs=1)
+    assert sum(found is not None for found in hits) >= 6  # each size's ranks after the template's source
+    assert fast == _ordinary(tmp_path, monkeypatch)
+    dumps = {d.rank: d for d in fast.dumps}
+    assert ("0", 5) in dumps[7].timed_out and ("0", 5) not in dumps[8].timed_out  # each rank's own stamps
+
+
+def test_the_spmd_job_reads_the_same_through_byte_templates(tmp_path, monkeypatch):
+    _spmd_job(tmp_path)
+    hits = _byte_hits(monkeypatch)
+    fast = load_dumps([str(tmp_path)], jobs=1)
+    assert sum(found is not None for found in hits) >= 20
+    assert fast == _ordinary(tmp_path, monkeypatch)
+    assert build_verdict(fast).culprit_ranks == [29]
+    assert {d.rank: d for d in fast.dumps}[13].tracks["0"].sites[0].line == 44  # its own call site, compared
+
+
+def _variant(path: Path, old: bytes, new: bytes, occurrence: int = 0) -> None:
+    raw = path.read_bytes()
+    at = -1
+    for _ in range(occurrence + 1):
+        at = raw.index(old, at + 1)
+    path.write_bytes(raw[:at] + new + raw[at + len(old) :])
+
+
+@pytest.mark.parametrize(
+    "old, new, occurrence, what",
+    [
+        (pickle.dumps(22)[2:-1], pickle.dumps(37)[2:-1], 2, "a call site's line: compared, read as the file has it"),
+        (b"completed", b"scheduled", 0, "a state of the same length: compared"),
+        (b"1405763593", b"\xff\xfe05763593", 0, "a thread id that is not UTF-8: the unpickler refuses the file"),
+        (b"\x88", b"K", 0, "a retired flag turned into an opcode with an argument: the stream reads otherwise"),
+        (b"pt_main_thread", b"pt_side_thread", 0, "a thread's name: its own, read from the template"),
+    ],
+)
+def test_a_file_that_departs_from_its_byte_template_reads_as_the_ordinary_path_reads_it(
+    tmp_path, monkeypatch, old, new, occurrence, what
+):
+    _twins(tmp_path)
+    _variant(tmp_path / "nccl_trace_rank_10", old, new, occurrence)
+    hits = _byte_hits(monkeypatch)
+    fast = load_dumps([str(tmp_path)], jobs=1)
+    assert fast == _ordinary(tmp_path, monkeypatch), what
+    assert sum(found is not None for found in hits) >= 5
+    if old == b"completed":
+        assert {d.rank: d for d in fast.dumps}[10].tracks["0"].states[0] == "scheduled"
+
+
+def test_a_value_shared_with_a_compared_field_is_compared(tmp_path, monkeypatch):
+    # Each entry's thread_id is its state, one object: a file whose thread_id bytes differ has other states.
+    _twins(tmp_path, share_state_with_thread=True)
+    _variant(tmp_path / "nccl_trace_rank_10", b"completed", b"scheduled")
+    _byte_hits(monkeypatch)
+    fast = load_dumps([str(tmp_path)], jobs=1)
+    assert fast == _ordinary(tmp_path, monkeypatch)
+    assert {d.rank: d for d in fast.dumps}[10].tracks["0"].states[:4] == ["scheduled"] * 4
+
+
+def test_a_byte_template_serves_only_the_limits_it_was_checked_under(tmp_path, monkeypatch):
+    from torchtriage.sources import limits
+
+    _twins(tmp_path)
+    _byte_hits(monkeypatch)
+    load_dumps([str(tmp_path)], jobs=1)  # byte templates made under the default limits
+    with limits.using(limits.Limits(rank=7)):
+        strict = load_dumps([str(tmp_path)], jobs=1)
+        assert strict == _ordinary(tmp_path, monkeypatch)
+    assert [d.rank for d in strict.dumps] == list(range(8)) and len(strict.problems) == 4
+
+
+def test_forked_loading_through_byte_templates_matches_serial(tmp_path, monkeypatch):
+    _twins(tmp_path, world=200)
+    _byte_hits(monkeypatch)
+    assert load_dumps([str(tmp_path)], jobs=3) == _ordinary(tmp_path, monkeypatch)
+
+
+def test_own_spans_of_a_real_nccl_dump():
+    from torchtriage.sources.fr_bytes import ByteTemplate, own_spans
+
+    raw = (H200X1 / "nccl_ws1" / "nccl_trace_rank_0").read_bytes()
+    data = safe_loads(raw)
+    spans = own_spans(raw, data)
+    keys = {key for span in spans for _, key in span.places}
+    # torch's pickler writes each distinct string once: the thread's id and name are referred to after.
+    assert keys == {"time_created_ns", "time_discovered_completed_ns", "thread_id", "thread_name", "retired"}
+    stamps = [e[k] for e in data["entries"] for k in ("time_created_ns", "time_discovered_completed_ns")]
+    template = ByteTemplate(raw, data, spans, [0], records=None, limits=None)
+    own = template.read(raw)
+    assert own.latest_ns == max(s for s in stamps if s) and own.created == (data["entries"][0]["time_created_ns"],)
+    later = max(s for s in stamps if s) + 10**9
+    at = raw.index(max(s for s in stamps if s).to_bytes(8, "little"))
+    moved = template.read(raw[:at] + later.to_bytes(8, "little") + raw[at + 8 :])
+    assert moved.latest_ns == later
+    assert template.read(raw[:-2] + b"\x00.") is None  # a byte outside every own span
+
+
+def test_walk_refuses_what_plain_protocol_2_data_does_not_write():
+    from torchtriage.sources.fr_bytes import own_spans, walk
+
+    data = {"version": "2.10", "entries": [entry(1)]}
+    assert walk(pickle.dumps(data, protocol=0)) is None  # text opcodes
+    assert walk(pickle.dumps({"x": Path("/")}, protocol=2)) is None  # a global
+    assert walk(pickle.dumps(data, protocol=2)[:-1]) is None  # no STOP
+    raw = pickle.dumps(data, protocol=2)
+    assert own_spans(raw, {"version": "2.10", "entries": [entry(1, time_created_ns=5)]}) is None  # not its reading

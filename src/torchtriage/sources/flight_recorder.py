@@ -28,7 +28,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
@@ -38,6 +38,7 @@ from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import TextMemo, as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
+from torchtriage.sources.fr_bytes import ByteTemplate, ByteTemplates, own_spans
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
 from torchtriage.sources.fr_template import Templates
 from torchtriage.sources.limits import LimitExceeded
@@ -488,14 +489,16 @@ def _past_their_timeout(ext: _Extract, entries: list) -> list[tuple[str, int]]:
         latest_ns = ext.latest_ns
         if latest_ns is None:
             latest_ns = _latest_stamp(map(methodcaller("get", name), entries) for name in _STAMP_NAMES)
-        for pg, seq, created, timeout_ms in ext.pending:
+        for pg, seq, created, timeout_ms, _ in ext.pending:
             if created and timeout_ms > 0 and latest_ns - created > timeout_ms * 1_000_000:
                 timed_out.append((pg, seq))
     return timed_out
 
 
-def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankDump:
-    """Turn one rank's dump (already decoded from `size` bytes) into records. Raises ValueError with the reason."""
+def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: bytes | None = None) -> RankDump:
+    """Turn one rank's dump (already decoded from `size` bytes) into records. Raises ValueError with the reason.
+
+    `raw`, the pickle's bytes, makes the dump a byte template for later files once its role has repeated."""
     if not isinstance(data, dict):
         raise ValueError(f"it holds a {type(data).__name__}, not the dict a flight-recorder dump is")
     problem = _version_problem(data.get("version"))
@@ -524,10 +527,7 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
         ext = made.extract(entries, fetched, size)  # type: ignore[arg-type]
     else:
         ext = _extract(entries, fetched, compared)
-    if _sent_ranks is not None:  # marked sent only now: a dump that fails above sends nothing
-        ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
-        _sent_ranks.update(ranks_text)
-    return RankDump(
+    dump = RankDump(
         path=path,
         rank=rank,
         rank_from=rank_from,
@@ -547,6 +547,68 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int) -> RankD
         ranks_text=ranks_text,
         nameless_ranks=nameless_ranks,
     )
+    if raw is not None and made is not None and _time_for_bytes(_templates.times_found(made)):
+        _keep_bytes(raw, data, dump, ext)
+    return _sending(dump)
+
+
+def _sending(dump: RankDump) -> RankDump:
+    """In a loading child, the dump less the ranks texts this process has already sent (marked sent only now:
+    a dump that fails sends nothing)."""
+    if _sent_ranks is not None and dump.ranks_text:
+        dump = replace(dump, ranks_text=_unsent(dump.ranks_text))
+    return dump
+
+
+def _unsent(ranks_text: dict[str, str]) -> dict[str, str]:
+    """The ranks texts this loading child has not sent yet, marked sent."""
+    unsent = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
+    _sent_ranks.update(unsent)  # type: ignore[union-attr]
+    return unsent
+
+
+# A role's dumps are read through a byte template once this many have repeated its object template and not its
+# byte templates: the walk that makes one costs about as much as reading this many dumps in full, so a role that
+# never gets this far has cost at most twice the ordinary path. A role may need a few: a stamp one byte longer
+# on some ranks makes files of another size.
+_BYTES_AFTER = 32
+_BYTE_TEMPLATES_PER_ROLE = 4
+_byte_templates = ByteTemplates()
+
+
+def _time_for_bytes(found: int) -> bool:
+    return found % _BYTES_AFTER == 0 and 0 < found <= _BYTES_AFTER * _BYTE_TEMPLATES_PER_ROLE
+
+
+def _keep_bytes(raw: bytes, data: dict, dump: RankDump, ext: _Extract) -> None:
+    """Keep this checked dump as the byte template of its role (fr_bytes), if its bytes allow one."""
+    spans = own_spans(raw, data)
+    if spans is None:
+        return
+    pending_at = [index for *_, index in ext.pending]
+    records = (dump, ext, data.get("rank"))
+    _byte_templates.add(ByteTemplate(raw, data, spans, pending_at, records, limits.active()))
+
+
+def _repeated(path: str, raw: bytes, rank_hint: int | None) -> RankDump | None:
+    """The records of a file that repeats a byte template but for its own spans (fr_bytes); None otherwise."""
+    found = _byte_templates.find(raw, limits.active())
+    if found is None:
+        return None
+    template, own = found
+    dump, ext, content_rank = template.records
+    if own.rank is not None:
+        if not 0 <= own.rank <= template.limits.rank:
+            return None  # the ordinary path says what is wrong with it
+        content_rank = own.rank
+    rank, rank_from = _rank_of({"rank": content_rank}, rank_hint)
+    pending = [
+        (pg, seq, created or 0, timeout, at)
+        for (pg, seq, _, timeout, at), created in zip(ext.pending, own.created, strict=True)
+    ]
+    timed_out = _past_their_timeout(ext._replace(pending=pending, latest_ns=own.latest_ns), [])
+    ranks_text = _unsent(dump.ranks_text) if _sent_ranks is not None and dump.ranks_text else dump.ranks_text
+    return replace(dump, path=path, rank=rank, rank_from=rank_from, timed_out=timed_out, ranks_text=ranks_text)
 
 
 def _extract(entries: list, fetched: tuple[list, list | None] | None, compared: tuple | None) -> _Extract:
@@ -585,16 +647,8 @@ class _Made(NamedTuple):
         )
 
     @classmethod
-    def of(cls, ext: _Extract, frames: tuple) -> _Made | None:
-        """None when a pending op cannot be placed again (then the dump is no template)."""
-        at = {
-            (pg, seq): index
-            for pg, track in ext.tracks.items()
-            for seq, index in zip(track.seqs, track.indices, strict=True)
-        }
-        if any((pg, seq) not in at for pg, seq, _, _ in ext.pending):
-            return None
-        pending = tuple((pg, seq, at[(pg, seq)]) for pg, seq, _, _ in ext.pending)
+    def of(cls, ext: _Extract, frames: tuple) -> _Made:
+        pending = tuple((pg, seq, index) for pg, seq, _, _, index in ext.pending)
         groups = tuple((track.indices[0], pg, ext.pg_ids[pg]) for pg, track in ext.tracks.items() if track.indices)
         return cls(ext, pending, groups, frames)
 
@@ -618,7 +672,7 @@ class _Made(NamedTuple):
             for pg, track in ext.tracks.items()
         }
         pending = [
-            (pg, seq, entries[index].get("time_created_ns") or 0, _int(entries[index].get("timeout_ms"), 0))
+            (pg, seq, entries[index].get("time_created_ns") or 0, _int(entries[index].get("timeout_ms"), 0), index)
             for pg, seq, index in self.pending_at
         ]
         stamps = fetched[1]
@@ -636,7 +690,7 @@ class _Extract(NamedTuple):
     pg_ids: dict[str, str]
     pg_desc: dict[str, str]
     timed_out: list[tuple[str, int]]
-    pending: list[tuple[str, int, int, int]]  # (pg, seq, created, timeout_ms)
+    pending: list[tuple[str, int, int, int, int]]  # (pg, seq, created, timeout_ms, entry index)
     backend: str
     has_frames: bool
     latest_ns: int | None = None  # the latest time stamp of any entry, if already known
@@ -652,7 +706,7 @@ def _extract_per_entry(entries: list) -> _Extract:
     timed_out: list[tuple[str, int]] = []
     backend = ""
     has_frames = False
-    pending: list[tuple[str, int, int, int]] = []  # (pg, seq, created, timeout_ms)
+    pending: list[tuple[str, int, int, int, int]] = []  # (pg, seq, created, timeout_ms, entry index)
     key_cache = _key_cache
     last_pg: Any = None
     last_fields: tuple | None = None
@@ -709,9 +763,8 @@ def _extract_per_entry(entries: list) -> _Extract:
             if str(state).startswith("timed"):
                 timed_out.append((pg, track.seqs[-1]))
             else:
-                pending.append(
-                    (pg, track.seqs[-1], entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0))
-                )
+                created, timeout_ms = entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0)
+                pending.append((pg, track.seqs[-1], created, timeout_ms, index))
     return _Extract(tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames)
 
 
@@ -847,13 +900,14 @@ def _extract_columns(entries: list, fetched: tuple[list, list | None] | None) ->
         seqs = [seq if type(seq) is int else _int(seq) for seq in seqs]
     states = list(state_col)
     timed_out: list[tuple[str, int]] = []
-    pending: list[tuple[str, int, int, int]] = []
+    pending: list[tuple[str, int, int, int, int]] = []
     for p in compress(range(len(coll)), map(ne, states, repeat("completed"))):
         pg, entry = _interned(pg_names[0 if single else coll[p]]), entries[coll[p]]
         if str(states[p]).startswith("timed"):
             timed_out.append((pg, seqs[p]))
         else:
-            pending.append((pg, seqs[p], entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0)))
+            created, timeout_ms = entry.get("time_created_ns") or 0, _int(entry.get("timeout_ms"), 0)
+            pending.append((pg, seqs[p], created, timeout_ms, coll[p]))
     tracks = {pg: Track() for pg in pg_desc} | _tracks_of(pg_names, single, coll, seqs, keys, states, sites)
     latest_ns = _latest_stamp(stamps) if pending and stamps is not None else None
     return _Extract(tracks, p2p, signatures, pg_ids, pg_desc, timed_out, pending, backend, has_frames, latest_ns)
@@ -919,8 +973,14 @@ def load_one(path: str) -> RankDump | DumpProblem:
         return DumpProblem(path, str(err))
     if truncated:
         return DumpProblem(path, "the gzip file is cut off before its end (truncated while being written or copied?)")
+    rank_hint = rank_from_name(path, SourceKind.FLIGHT_RECORDER)
     try:
-        return parse_dump(path, decode(raw), rank_from_name(path, SourceKind.FLIGHT_RECORDER), len(raw))
+        if _PICKLE_HEAD.match(raw):
+            repeated = _repeated(path, raw, rank_hint)
+            if repeated is not None:
+                return repeated
+            return parse_dump(path, decode(raw), rank_hint, len(raw), raw)
+        return parse_dump(path, decode(raw), rank_hint, len(raw))
     except ValueError as err:
         return DumpProblem(path, str(err))
     except (TypeError, AttributeError, KeyError, IndexError) as err:
