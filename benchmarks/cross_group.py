@@ -1,6 +1,7 @@
 """The case table of hangs across process groups: each family x size, verdict right or not, time to verdict.
 
-Usage: python benchmarks/cross_group.py [--ranks 1024 4096 16384] [--steps 100] [--cases ...] [--torch]
+Usage: python benchmarks/cross_group.py [--ranks 1024 4096 16384] [--steps 100] [--cases ...] [--group-size N]
+       [--format torch|plain] [--torch] [--floor]
 
 For each case and size, writes a post-mortem folder as `torchtriage run` leaves it (every rank's stack in
 py-spy's text form, `rankNN.txt`, and its NCCL flight-recorder dump under `fr/`, pickle, states recorded),
@@ -8,7 +9,12 @@ of a job whose world is cut into two halves (or, with --group-size N, into group
 group's ranks have groups of their own, as tensor-parallel groups do): every step all_reduces in the rank's
 half (`sync_subgroup`),
 then on the world (`sync_world`), for --steps steps; at the last one the culprit departs as the case
-says (the families of tests/jobs/cross_group.py, recorded for real in tests/fixtures/fr_cross_group):
+says (the families of tests/jobs/cross_group.py, recorded for real in tests/fixtures/fr_cross_group).
+The dumps are written as torch's pickler writes them (--format torch): each distinct string once, then
+referred to (its memo goes by value), a frame's dict shared by the entries called from it, `pg_id` the
+group's id in its process (0 for the world, 1 for the rank's subgroup) and `pg_status` keyed by it. With
+--format plain they are Python's pickle of fresh objects (every entry's strings and frames its own, `pg_id`
+the group's name), as this benchmark wrote them before:
 
     world_for_subgroup   the culprit all_reduces on the world where its half uses the half's group
     opposite_order       it calls the world all_reduce before its half's
@@ -83,18 +89,25 @@ def program(case: str, rank: int, world: int, culprit: int, steps: int, half: in
     return ops + last
 
 
-def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config: dict, half: int) -> bytes:
+def make_dump(
+    case: str, rank: int, world: int, culprit: int, steps: int, config: dict, half: int, form: str = "torch"
+) -> bytes:
     records, seqs, status = [], {}, {}
     t0 = 1_796_007_263_000_000_000 + rank * 1000
+    frames_of: dict[tuple[str, str], list[dict]] = {}
     for i, (group, op, function, completes) in enumerate(program(case, rank, world, culprit, steps, half)):
         seq = seqs[group] = seqs.get(group, 0) + 1
         enqueued, completed = status.get(group, (0, 0))
         status[group] = (seq, seq if completes else completed)
+        if form == "torch":  # one dict per distinct frame, a new list per entry
+            frames = list(frames_of.setdefault((op, function), _frames(op, function)))
+        else:
+            frames = _frames(op, function)
         records.append(
             {
-                "frames": _frames(op, function),
+                "frames": frames,
                 "record_id": i,
-                "pg_id": int(group),
+                "pg_id": (0 if group == "0" else 1) if form == "torch" else int(group),
                 "process_group": (group, "default_pg" if group == "0" else f"half{group}"),
                 "collective_seq_id": seq,
                 "p2p_seq_id": 0,
@@ -115,7 +128,11 @@ def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config
         )
     own = {"0": config["0"], str(1 + rank // half): config[str(1 + rank // half)]}
     pg_status = {
-        g: {"last_enqueued_collective": e, "last_started_collective": -1, "last_completed_collective": c}
+        (str(0 if g == "0" else 1) if form == "torch" else g): {
+            "last_enqueued_collective": e,
+            "last_started_collective": -1,
+            "last_completed_collective": c,
+        }
         for g, (e, c) in status.items()
     }
     dump = {
@@ -125,7 +142,25 @@ def make_dump(case: str, rank: int, world: int, culprit: int, steps: int, config
         "pg_status": pg_status,
         "entries": records,
     }
-    return pickle.dumps(dump, protocol=2)
+    return pickle.dumps(_strings_by_value(dump, {}) if form == "torch" else dump, protocol=2)
+
+
+def _strings_by_value(value, seen: dict, made: dict | None = None):
+    """The value with equal strings made one object, so that pickle's memo (by object) writes each once; a
+    container shared stays shared (`made`: id -> its copy)."""
+    made = {} if made is None else made
+    if type(value) is str:
+        return seen.setdefault(value, value)
+    if type(value) not in (dict, list, tuple):
+        return value
+    if id(value) in made:
+        return made[id(value)]
+    if type(value) is dict:
+        copy = {_strings_by_value(k, seen, made): _strings_by_value(v, seen, made) for k, v in value.items()}
+    else:
+        copy = type(value)(_strings_by_value(item, seen, made) for item in value)
+    made[id(value)] = copy
+    return copy
 
 
 def make_stack(case: str, rank: int, world: int, culprit: int, half: int) -> str:
@@ -142,21 +177,23 @@ def make_stack(case: str, rank: int, world: int, culprit: int, half: int) -> str
 
 
 def _write_one(args: tuple) -> None:
-    folder, case, rank, world, culprit, steps, config, half = args
-    dump = make_dump(case, rank, world, culprit, steps, config, half)
+    folder, case, rank, world, culprit, steps, config, half, form = args
+    dump = make_dump(case, rank, world, culprit, steps, config, half, form)
     (Path(folder) / "fr" / f"nccl_trace_rank_{rank}").write_bytes(dump)
     (Path(folder) / f"rank{rank:02d}.txt").write_text(make_stack(case, rank, world, culprit, half))
 
 
-def write_case(folder: Path, case: str, world: int, culprit: int, steps: int, half: int | None = None) -> None:
-    """`half`: the ranks of each subgroup (default: half the world)."""
+def write_case(
+    folder: Path, case: str, world: int, culprit: int, steps: int, half: int | None = None, form: str = "torch"
+) -> None:
+    """`half`: the ranks of each subgroup (default: half the world); `form`: "torch" or "plain" (see above)."""
     (folder / "fr").mkdir(parents=True)
     half = half or world // 2
     config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
     for h in range(world // half):
         name = str(1 + h)
         config[name] = {"name": name, "desc": f"half{name}", "ranks": str(list(range(h * half, (h + 1) * half)))}
-    jobs = [(str(folder), case, r, world, culprit, steps, config, half) for r in range(world)]
+    jobs = [(str(folder), case, r, world, culprit, steps, config, half, form) for r in range(world)]
     with ProcessPoolExecutor() as pool:
         list(pool.map(_write_one, jobs, chunksize=64))
 
@@ -200,6 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
     parser.add_argument("--steps", type=int, default=100)
+    parser.add_argument("--format", choices=("torch", "plain"), default="torch", help="how the dumps are pickled")
     parser.add_argument(
         "--group-size", type=int, help="ranks per subgroup (default: half the world); 8 gives every 8 ranks a group"
     )
@@ -210,7 +248,8 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="cross_group_"))
     print(
         f"python {sys.version.split()[0]}, {len(os.sched_getaffinity(0))} cores; "
-        f"{args.steps} steps, {2 * args.steps} entries per dump"
+        f"{args.steps} steps, {2 * args.steps} entries per dump; dumps pickled as {args.format}; "
+        f"subgroups of {args.group_size or 'half the world'}"
     )
     print(
         f"{'case':<20} {'ranks':>6}  {'culprit':>7}  {'named':<8} {'right':<5} {'time':>7} {'peak MB':>8}  decided by"
@@ -221,7 +260,7 @@ def main() -> None:
             for case in args.cases:
                 culprit = world // 2 + world // 3 if case != "early_exit" else world // 3  # one in each half
                 folder = base / f"{case}_{world}"
-                write_case(folder, case, world, culprit, args.steps, args.group_size)
+                write_case(folder, case, world, culprit, args.steps, args.group_size, args.format)
                 done = run_measured([sys.executable, "-m", "torchtriage", "diagnose", str(folder), "--json"], 600)
                 verdict = json.loads(done["out"]) if done["out"].strip().startswith("{") else {}
                 named = verdict.get("culprit_ranks")

@@ -597,7 +597,8 @@ def _byte_hits(monkeypatch) -> list:
 
     fr._templates.clear()
     fr._byte_templates.clear()
-    monkeypatch.setattr(fr, "_BYTES_AFTER", 2)
+    monkeypatch.setattr(fr._byte_roles, "EVERY", 2)
+    fr._byte_roles.clear()
     find, hits = fr._byte_templates.find, []
     monkeypatch.setattr(fr._byte_templates, "find", lambda raw, lim: hits.append(found := find(raw, lim)) or found)
     return hits
@@ -692,32 +693,58 @@ def test_forked_loading_through_byte_templates_matches_serial(tmp_path, monkeypa
     assert load_dumps([str(tmp_path)], jobs=3) == _ordinary(tmp_path, monkeypatch)
 
 
-def test_own_spans_of_a_real_nccl_dump():
-    from torchtriage.sources.fr_bytes import ByteTemplate, own_spans
+def _renamed(raw: bytes, old: str, new: str) -> bytes:
+    """A real dump with a group's name as its header first writes it changed (same length)."""
+    text = b"X" + len(old).to_bytes(4, "little")
+    at = raw.index(text + old.encode())
+    return raw[:at] + text + new.encode() + raw[at + len(text) + len(old) :]
+
+
+def test_a_real_nccl_dumps_entries_repeat_under_another_groups_name():
+    from torchtriage.sources.fr_bytes import ByteTemplate
 
     raw = (H200X1 / "nccl_ws1" / "nccl_trace_rank_0").read_bytes()
     data = safe_loads(raw)
-    spans = own_spans(raw, data)
-    keys = {key for span in spans for _, key in span.places}
-    # torch's pickler writes each distinct string once: the thread's id and name are referred to after.
-    assert keys == {"time_created_ns", "time_discovered_completed_ns", "thread_id", "thread_name", "retired"}
+    template = ByteTemplate(raw, data, [0], records=None, limits=None)
+    # torch's pickler writes each string once: the entries name their groups by referring to the header's.
+    assert set(template.groups) == {"0", "1"} and all(g.name_slot is not None for g in template.groups.values())
     stamps = [e[k] for e in data["entries"] for k in ("time_created_ns", "time_discovered_completed_ns")]
-    template = ByteTemplate(raw, data, spans, [0], records=None, limits=None)
-    own = template.read(raw)
-    assert own.latest_ns == max(s for s in stamps if s) and own.created == (data["entries"][0]["time_created_ns"],)
+    same = template.read(raw)
+    assert same.names == {"0": "0", "1": "1"} and same.latest_ns == max(s for s in stamps if s)
+    assert same.created == (data["entries"][0]["time_created_ns"],)
     later = max(s for s in stamps if s) + 10**9
     at = raw.index(max(s for s in stamps if s).to_bytes(8, "little"))
-    moved = template.read(raw[:at] + later.to_bytes(8, "little") + raw[at + 8 :])
-    assert moved.latest_ns == later
-    assert template.read(raw[:-2] + b"\x00.") is None  # a byte outside every own span
+    assert template.read(raw[:at] + later.to_bytes(8, "little") + raw[at + 8 :]).latest_ns == later
+    other = template.read(_renamed(raw, "mysub", "yours"))
+    assert other.names == {"0": "0", "1": "1"} and other.descs["1"] == "yours"
+    assert template.read(raw[:-6] + b"\x00" + raw[-5:]) is None  # a byte of the entries outside every own span
+
+
+def test_real_nccl_dumps_of_other_groups_read_as_the_ordinary_path_reads_them(tmp_path, monkeypatch):
+    raw = (H200X1 / "nccl_ws1" / "nccl_trace_rank_0").read_bytes()
+    stamp = safe_loads(raw)["entries"][0]["time_created_ns"]
+    for rank in range(8):  # the subgroup named "1" and described "mysub" on rank 0 is another on each rank
+        dump = _renamed(_renamed(raw, "mysub", f"sub{rank:02d}"), "1", str(rank + 1))
+        at = dump.index(stamp.to_bytes(8, "little"))
+        dump = dump[:at] + (stamp + rank * 10**12).to_bytes(8, "little") + dump[at + 8 :]
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(dump)
+    hits = _byte_hits(monkeypatch)
+    fast = load_dumps([str(tmp_path)], jobs=1)
+    assert sum(found is not None for found in hits) >= 5
+    assert fast == _ordinary(tmp_path, monkeypatch)
+    dumps = {d.rank: d for d in fast.dumps}
+    assert dumps[6].pg_desc["7"] == "sub06" and "1" not in dumps[6].tracks and dumps[6].tracks["7"].seqs == [1]
 
 
 def test_walk_refuses_what_plain_protocol_2_data_does_not_write():
-    from torchtriage.sources.fr_bytes import own_spans, walk
+    from torchtriage.sources.fr_bytes import _analyse, walk
 
     data = {"version": "2.10", "entries": [entry(1)]}
     assert walk(pickle.dumps(data, protocol=0)) is None  # text opcodes
     assert walk(pickle.dumps({"x": Path("/")}, protocol=2)) is None  # a global
+    assert walk(pickle.dumps(data, protocol=4)) is None  # memo slots given by count
     assert walk(pickle.dumps(data, protocol=2)[:-1]) is None  # no STOP
     raw = pickle.dumps(data, protocol=2)
-    assert own_spans(raw, {"version": "2.10", "entries": [entry(1, time_created_ns=5)]}) is None  # not its reading
+    assert _analyse(raw, data, []) is not None
+    assert _analyse(raw, {"version": "2.10", "entries": [entry(1, time_created_ns=5)]}, []) is None  # not its reading
+    assert _analyse(pickle.dumps({"entries": [entry(1)], "version": "2.10"}, protocol=2), data, []) is None  # not last

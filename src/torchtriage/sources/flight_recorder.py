@@ -28,7 +28,7 @@ import os
 import re
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
@@ -38,7 +38,7 @@ from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import TextMemo, as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
-from torchtriage.sources.fr_bytes import ByteTemplate, ByteTemplates, own_spans
+from torchtriage.sources.fr_bytes import ByteTemplate, ByteTemplates
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
 from torchtriage.sources.fr_template import Templates
 from torchtriage.sources.limits import LimitExceeded
@@ -495,10 +495,20 @@ def _past_their_timeout(ext: _Extract, entries: list) -> list[tuple[str, int]]:
     return timed_out
 
 
-def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: bytes | None = None) -> RankDump:
-    """Turn one rank's dump (already decoded from `size` bytes) into records. Raises ValueError with the reason.
+class _Header(NamedTuple):
+    """A dump's own top-level fields, read and checked."""
 
-    `raw`, the pickle's bytes, makes the dump a byte template for later files once its role has repeated."""
+    rank: int
+    rank_from: str
+    version: str
+    pg_config: dict[str, PGInfo]
+    ranks_text: dict[str, str]
+    nameless_ranks: str | None
+    pg_status: dict[str, tuple[int, int, int]]
+
+
+def _read_header(data: dict, size: int, rank_hint: int | None) -> _Header:
+    """Raises ValueError with the reason."""
     if not isinstance(data, dict):
         raise ValueError(f"it holds a {type(data).__name__}, not the dict a flight-recorder dump is")
     problem = _version_problem(data.get("version"))
@@ -506,6 +516,15 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: byt
         raise ValueError(problem)
     check_header(data, size, limits.active().rank)
     rank, rank_from = _rank_of(data, rank_hint)
+    pg_config, ranks_text, nameless_ranks = _pg_config(data)
+    return _Header(rank, rank_from, str(data.get("version")), pg_config, ranks_text, nameless_ranks, _pg_status(data))
+
+
+def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: bytes | None = None) -> RankDump:
+    """Turn one rank's dump (already decoded from `size` bytes) into records. Raises ValueError with the reason.
+
+    `raw`, the pickle's bytes, lets the dump become a byte template for the files of its role that follow."""
+    header = _read_header(data, size, rank_hint)
     entries = data.get("entries") or []
     _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
     fetched = _fetch_columns(entries) if entries and type(entries) is list else None
@@ -522,93 +541,121 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: byt
             fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
     if made is None:
         check_entries(entries, size, dict(zip(_COLUMN_NAMES, fetched[0], strict=True)) if fetched else None)
-    pg_config, ranks_text, nameless_ranks = _pg_config(data)
     if made is not None:  # equal to checked columns: only what each dump has of its own is read and checked
         ext = made.extract(entries, fetched, size)  # type: ignore[arg-type]
     else:
         ext = _extract(entries, fetched, compared)
-    dump = RankDump(
-        path=path,
-        rank=rank,
-        rank_from=rank_from,
-        version=str(data.get("version")),
-        backend=ext.backend,
-        has_frames=ext.has_frames,
-        entry_count=len(entries),
-        first_record_id=_int(entries[0].get("record_id"), 0) if entries else None,
-        pg_config=pg_config,
-        pg_ids=ext.pg_ids,
-        pg_desc=ext.pg_desc,
-        pg_status=_pg_status(data),
-        tracks=ext.tracks,
-        p2p=ext.p2p,
-        signatures=ext.signatures,
-        timed_out=_past_their_timeout(ext, entries),
-        ranks_text=ranks_text,
-        nameless_ranks=nameless_ranks,
-    )
-    if raw is not None and made is not None and _time_for_bytes(_templates.times_found(made)):
+    first_record_id = _int(entries[0].get("record_id"), 0) if entries else None
+    dump = _rank_dump(path, header, ext, len(entries), first_record_id, _past_their_timeout(ext, entries))
+    if raw is not None and _byte_roles.time_for_one(entries):
         _keep_bytes(raw, data, dump, ext)
-    return _sending(dump)
-
-
-def _sending(dump: RankDump) -> RankDump:
-    """In a loading child, the dump less the ranks texts this process has already sent (marked sent only now:
-    a dump that fails sends nothing)."""
-    if _sent_ranks is not None and dump.ranks_text:
-        dump = replace(dump, ranks_text=_unsent(dump.ranks_text))
     return dump
 
 
-def _unsent(ranks_text: dict[str, str]) -> dict[str, str]:
-    """The ranks texts this loading child has not sent yet, marked sent."""
-    unsent = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
-    _sent_ranks.update(unsent)  # type: ignore[union-attr]
-    return unsent
+def _rank_dump(
+    path: str, header: _Header, ext: _Extract, entry_count: int, first_record_id: int | None, timed_out: list
+) -> RankDump:
+    ranks_text = header.ranks_text
+    if _sent_ranks is not None and ranks_text:  # in a loading child: each text is sent once
+        ranks_text = {digest: text for digest, text in ranks_text.items() if digest not in _sent_ranks}
+        _sent_ranks.update(ranks_text)
+    return RankDump(
+        path=path,
+        rank=header.rank,
+        rank_from=header.rank_from,
+        version=header.version,
+        backend=ext.backend,
+        has_frames=ext.has_frames,
+        entry_count=entry_count,
+        first_record_id=first_record_id,
+        pg_config=header.pg_config,
+        pg_ids=ext.pg_ids,
+        pg_desc=ext.pg_desc,
+        pg_status=header.pg_status,
+        tracks=ext.tracks,
+        p2p=ext.p2p,
+        signatures=ext.signatures,
+        timed_out=timed_out,
+        ranks_text=ranks_text,
+        nameless_ranks=header.nameless_ranks,
+    )
 
 
-# A role's dumps are read through a byte template once this many have repeated its object template and not its
-# byte templates: the walk that makes one costs about as much as reading this many dumps in full, so a role that
-# never gets this far has cost at most twice the ordinary path. A role may need a few: a stamp one byte longer
-# on some ranks makes files of another size.
-_BYTES_AFTER = 32
-_BYTE_TEMPLATES_PER_ROLE = 4
+# ------------------------------------------------------------------------------------------- byte templates
+
+
+class _ByteRoles:
+    """When to make a byte template (fr_bytes): a role's dumps, told apart by their length and last op, are
+    read in full until this many have been; then one of them is walked. The walk costs about as much as reading
+    that many dumps, so a role that never repeats costs at most twice the ordinary path. A role may take a few
+    templates (a job's two halves written apart, a stamp a byte longer on some ranks), then no more."""
+
+    EVERY = 32
+    MOST = 4
+    KEPT = 4096
+
+    def __init__(self) -> None:
+        self._read: dict[tuple, int] = {}
+
+    def time_for_one(self, entries: Any) -> bool:
+        if type(entries) is not list or not entries or type(entries[-1]) is not dict:
+            return False
+        last = entries[-1]
+        role = (len(entries), *(_flat(last.get(k)) for k in ("profiling_name", "state", "collective_seq_id")))
+        if len(self._read) >= self.KEPT and role not in self._read:
+            self._read.clear()
+        read = self._read[role] = self._read.get(role, 0) + 1
+        return read % self.EVERY == 0 and read <= self.EVERY * self.MOST
+
+    def clear(self) -> None:
+        self._read.clear()
+
+
+def _flat(value: Any) -> Any:
+    return value if type(value) in (str, int) else None
+
+
+_byte_roles = _ByteRoles()
 _byte_templates = ByteTemplates()
 
 
-def _time_for_bytes(found: int) -> bool:
-    return found % _BYTES_AFTER == 0 and 0 < found <= _BYTES_AFTER * _BYTE_TEMPLATES_PER_ROLE
-
-
 def _keep_bytes(raw: bytes, data: dict, dump: RankDump, ext: _Extract) -> None:
-    """Keep this checked dump as the byte template of its role (fr_bytes), if its bytes allow one."""
-    spans = own_spans(raw, data)
-    if spans is None:
+    """Keep this checked dump as a byte template of its role, if its bytes allow one."""
+    try:
+        template = ByteTemplate(raw, data, [index for *_, index in ext.pending], (dump, ext), limits.active())
+    except ValueError:
         return
-    pending_at = [index for *_, index in ext.pending]
-    records = (dump, ext, data.get("rank"))
-    _byte_templates.add(ByteTemplate(raw, data, spans, pending_at, records, limits.active()))
+    _byte_templates.add(template)
 
 
 def _repeated(path: str, raw: bytes, rank_hint: int | None) -> RankDump | None:
-    """The records of a file that repeats a byte template but for its own spans (fr_bytes); None otherwise."""
+    """The records of a file whose entries repeat a byte template's (fr_bytes): its own header, the template's
+    records with its groups' names and its own time stamps; None otherwise (the ordinary path then reads it)."""
     found = _byte_templates.find(raw, limits.active())
     if found is None:
         return None
-    template, own = found
-    dump, ext, content_rank = template.records
-    if own.rank is not None:
-        if not 0 <= own.rank <= template.limits.rank:
-            return None  # the ordinary path says what is wrong with it
-        content_rank = own.rank
-    rank, rank_from = _rank_of({"rank": content_rank}, rank_hint)
+    template, repeat = found
+    dump, ext = template.records
+    try:
+        header = _read_header(repeat.header, len(raw), rank_hint)
+    except ValueError:
+        return None  # the ordinary path says what is wrong with it
+    names = {group: _interned(name) for group, name in repeat.names.items()}
     pending = [
-        (pg, seq, created or 0, timeout, at)
-        for (pg, seq, _, timeout, at), created in zip(ext.pending, own.created, strict=True)
+        (names[pg], seq, created or 0, timeout, at)
+        for (pg, seq, _, timeout, at), created in zip(ext.pending, repeat.created, strict=True)
     ]
-    timed_out = _past_their_timeout(ext._replace(pending=pending, latest_ns=own.latest_ns), [])
-    ranks_text = _unsent(dump.ranks_text) if _sent_ranks is not None and dump.ranks_text else dump.ranks_text
-    return replace(dump, path=path, rank=rank, rank_from=rank_from, timed_out=timed_out, ranks_text=ranks_text)
+    timed_out = [(names[pg], seq) for pg, seq in ext.timed_out]
+    if any(name != group for group, name in names.items()) or repeat.descs:
+        ids = {group: name if template.groups[group].id_is_name else ext.pg_ids[group] for group, name in names.items()}
+        ext = ext._replace(
+            tracks={names[group]: track for group, track in ext.tracks.items()},
+            p2p={names[group]: ops for group, ops in ext.p2p.items()},
+            pg_ids={names[group]: pg_id for group, pg_id in ids.items()},
+            pg_desc={names[group]: repeat.descs.get(group, desc) for group, desc in ext.pg_desc.items()},
+        )
+    ext = ext._replace(timed_out=timed_out, pending=pending, latest_ns=repeat.latest_ns)
+    return _rank_dump(path, header, ext, dump.entry_count, dump.first_record_id, _past_their_timeout(ext, []))
 
 
 def _extract(entries: list, fetched: tuple[list, list | None] | None, compared: tuple | None) -> _Extract:

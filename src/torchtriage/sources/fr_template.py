@@ -40,7 +40,6 @@ class Templates:
 
     def __init__(self) -> None:
         self._by_pick: dict[tuple, tuple[tuple, Any]] = {}
-        self._found: dict[int, int] = {}  # id of what was made -> how many dumps repeated it
 
     def find(self, columns: tuple) -> Any | None:
         """The records made of columns equal to these, or None."""
@@ -50,16 +49,9 @@ class Templates:
             return None
         trusted, made = known
         try:
-            if trusted != columns:  # the trusted side first: it bounds the walk
-                return None
+            return made if trusted == columns else None  # the trusted side first: it bounds the walk
         except RecursionError:
             return None
-        self._found[id(made)] = self._found.get(id(made), 0) + 1
-        return made
-
-    def times_found(self, made: Any) -> int:
-        """How many dumps have repeated what this template made."""
-        return self._found.get(id(made), 0)
 
     def keep(self, columns: tuple, made: Any) -> None:
         """Remember what these checked columns made (the latest for its pick)."""
@@ -67,12 +59,8 @@ class Templates:
         if pick is None:
             return
         if len(self._by_pick) >= _KEPT and pick not in self._by_pick:
-            self.clear()
-        replaced = self._by_pick.get(pick)
-        if replaced is not None:
-            self._found.pop(id(replaced[1]), None)
+            self._by_pick.clear()
         self._by_pick[pick] = (columns, made)
 
     def clear(self) -> None:
         self._by_pick.clear()
-        self._found.clear()

@@ -17,7 +17,7 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["PickleError", "PickleRefused", "PickleCorrupt", "safe_loads", "safe_load_file"]
+__all__ = ["PickleError", "PickleRefused", "PickleCorrupt", "safe_loads", "safe_load_file", "unpickle_with_memo"]
 
 
 class PickleError(ValueError):
@@ -95,11 +95,22 @@ def collector_paused() -> Iterator[None]:
 
 def safe_loads(data: bytes) -> Any:
     """Unpickle `data`, allowing only plain containers and scalars."""
+    return _load(data, keep_memo=False)[0]
+
+
+def unpickle_with_memo(data: bytes) -> tuple[Any, dict[int, Any]]:
+    """`safe_loads`, and the memo the pickle filled (slot -> value): what a later stream's memo reads would get."""
+    return _load(data, keep_memo=True)
+
+
+def _load(data: bytes, keep_memo: bool) -> tuple[Any, dict[int, Any]]:
     if not data:
         raise PickleCorrupt("the file is empty")
     try:
         with collector_paused():
-            value = _PlainDataUnpickler(_WholeBuffer(data)).load()  # type: ignore[arg-type]
+            unpickler = _PlainDataUnpickler(_WholeBuffer(data))  # type: ignore[arg-type]
+            value = unpickler.load()
+            memo = unpickler.memo.copy() if keep_memo else {}
     except PickleError:
         raise
     except EOFError:
@@ -114,7 +125,7 @@ def safe_loads(data: bytes) -> Any:
     except (ValueError, TypeError, KeyError, IndexError, AttributeError, MemoryError, OverflowError) as err:
         # Opcodes in an impossible order (corruption) surface as ordinary exceptions from the pickle machine.
         raise PickleCorrupt(f"the pickle is corrupt ({type(err).__name__}: {err})") from None
-    return value
+    return value, memo
 
 
 def safe_load_file(path: str) -> Any:
