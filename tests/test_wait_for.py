@@ -79,6 +79,72 @@ def test_the_flight_recorder_alone_names_it_and_the_line(case):
     assert BUG[kind] in text or "last_call_site" in found["facts"], text[:400]
 
 
+NCCL_CROSS = FIXTURES / "fr_cross_group_nccl"
+NCCL_CASES = sorted(p.name for p in NCCL_CROSS.iterdir() if p.is_dir())
+# Where the NCCL culprit departs: NCCL records every send and recv, so a recv posted first is told too.
+NCCL_BUG = BUG | {"recv_before_send": "receive_first"}
+
+
+def test_the_nccl_recordings_cover_every_family():
+    assert {truth(case)[0] for case in NCCL_CASES} == set(BUG)
+    assert any(truth(case)[1] == 0 for case in NCCL_CASES)
+
+
+@pytest.mark.parametrize("case", NCCL_CASES)
+def test_real_nccl_hangs_across_groups_name_the_rank_that_departed_and_its_line(case):
+    # On NCCL every rank issues its ops past the one it waits in (they return at once and queue on the device
+    # behind it): a rank that issued the op its peer waits in is not in it while it waits in an earlier one.
+    kind, culprit, _ = truth(case)
+    for verb, path in (("diagnose", NCCL_CROSS / case), ("fr", NCCL_CROSS / case / "fr")):
+        found = verdict(verb, path)
+        facts = found["facts"].get("flight_recorder", found["facts"])
+        assert found["culprit_ranks"] == [culprit] and found["confidence"] == "high", found["summary"]
+        assert facts["decided_by"].startswith("its own program order")
+        assert facts["cycle"] == sorted({culprit, culprit ^ 1})  # the culprit and its subgroup or stage peer
+        assert facts["user_frame"]["function"] == NCCL_BUG[kind]
+        assert "fr.deadlock" in [f["kind"] for f in found["findings"]]
+
+
+def test_a_real_nccl_recv_posted_before_its_send_is_told_by_the_order_nccl_records():
+    found = verdict("fr", NCCL_CROSS / "recv_before_send_c0_4r" / "fr")
+    assert found["summary"].startswith(
+        "deadlock across process groups: rank 0 waits in recv from its rank 1 of default_pg (pg 0) (p2p seq 7) "
+        "for rank 1; rank 1 waits in recv from its rank 0 of default_pg (pg 0) (p2p seq 7) for rank 0"
+    )
+    assert found["facts"]["seq_kind"] == "p2p_seq_id" and found["facts"]["waits_for"]["2"] == "ranks 0-1"
+    assert found["facts"]["position_by_rank"]["1"].startswith("waits in recv, called from backward_stage")
+
+
+def test_the_ops_of_a_nccl_batch_take_the_state_of_its_marker():
+    from torchtriage.sources.flight_recorder import load_dumps
+
+    # NCCL never marks a batch's sends and recvs completed: the `coalesced` entry after them says it.
+    loaded = load_dumps([str(NCCL_CROSS / "batch_missing_op_c1_4r" / "fr")], jobs=1)
+    last = {d.rank: [(op.kind, op.state, op.batch >= 0) for op in d.p2p["0"] if op.seq == 4] for d in loaded.dumps}
+    assert last[0] == [("send", "scheduled", True), ("recv", "scheduled", True)]  # rank 1 never sent
+    assert last[1] == [("recv", "completed", True)]  # the batch that lacks the send
+    assert last[2] == [("send", "completed", True), ("recv", "completed", True)]
+
+
+def test_ranks_that_issued_ahead_on_nccl_in_the_same_order_are_not_a_deadlock(tmp_path):
+    # Every rank has issued the world's all_reduce and its half's, both pending: an ordinary moment on NCCL.
+    halves = {
+        "1": {"name": "1", "desc": "half", "ranks": "[0, 1]"},
+        "2": {"name": "2", "desc": "half", "ranks": "[2, 3]"},
+    }
+    for rank in range(4):
+        sub = str(1 + rank // 2)
+        ops = [
+            entry(1),
+            entry(1, pg=sub, desc="half"),
+            entry(2, state="scheduled"),
+            entry(2, pg=sub, desc="half", state="scheduled"),
+        ]
+        write(tmp_path, rank, ops, world=4, extra_pgs={sub: halves[sub]})
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == [] and not any(f.kind == "fr.deadlock" for f in found.findings)
+
+
 def test_a_deadlock_says_who_waits_for_whom_and_which_rule_decided():
     found = verdict("fr", CROSS / "world_for_subgroup_c2_8r" / "fr")
     assert found["summary"].startswith(

@@ -1,6 +1,6 @@
 """Job: a hang that crosses process groups, the way 3D-parallel jobs hang, until it is killed.
 
-    CASE=<case> CULPRIT=<rank> [GROUP_SIZE=<n>] torchrun --nproc_per_node N tests/jobs/cross_group.py
+    CASE=<case> CULPRIT=<rank> [GROUP_SIZE=<n>] [BACKEND=nccl] torchrun --nproc_per_node N tests/jobs/cross_group.py
 
 The world is cut into subgroups of GROUP_SIZE consecutive ranks (default: half the world), made with
 `dist.new_group` by every rank. Each training step all_reduces the gradients in the rank's subgroup
@@ -29,6 +29,11 @@ No rank is then simply missing from a collective the others wait in: the culprit
 peers that wait in another group for it (a cycle), and the other subgroups wait in the world all_reduce
 for the culprit's peers, which a majority rule per group would blame. The process-group timeout is 600 s,
 so the job hangs until it is killed; a worker whose agent is gone exits within a second.
+
+With BACKEND=nccl the tensors are on the GPUs and each step ends by waiting for the device, as a training
+loop that reads its loss does (NCCL's collectives return at once). With more ranks than GPUs the ranks share
+them: each rank is then another host to NCCL (NCCL_HOSTID), which lets two ranks use one device and connects
+them through its network transport, so one GPU records what several would.
 """
 
 import os
@@ -41,6 +46,7 @@ from _common import env_int, exit_when_orphaned  # the job folder is on sys.path
 
 WARMUP_STEPS = 3
 SIZE = 1024
+DEVICE = torch.device("cpu")
 CASES = (
     "world_for_subgroup",
     "opposite_order",
@@ -101,7 +107,7 @@ def exchange_in_a_batch(rank: int, activations: torch.Tensor, grads: torch.Tenso
 
 
 def pipeline_step(rank: int, culprit: int, case: str | None) -> bool:
-    activations, grads, loss = torch.ones(SIZE), torch.ones(SIZE), torch.ones(SIZE)
+    activations, grads, loss = (torch.ones(SIZE, device=DEVICE) for _ in range(3))
     if case == "batch_missing_op" or os.environ.get("CASE") == "batch_missing_op":
         exchange_in_a_batch(rank, activations, grads, missing_send=rank == culprit and case is not None)
     elif rank % 2 == 0:
@@ -112,28 +118,51 @@ def pipeline_step(rank: int, culprit: int, case: str | None) -> bool:
     else:
         backward_stage(rank, activations, grads, skip_send=rank == culprit and case == "skip_send")
     sync_world(loss)
+    finish_step()
     return True
+
+
+def finish_step() -> None:
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize()  # the loss read back: where a GPU rank waits for its collectives
 
 
 def step(rank: int, culprit: int, case: str | None, subgroup) -> bool:
     """One training step; False when this rank leaves the loop."""
-    grads, loss = torch.ones(SIZE), torch.ones(SIZE)  # one size: gloo aborts on a size mismatch, NCCL would hang
+    # One size: gloo aborts on a size mismatch, NCCL would hang.
+    grads, loss = torch.ones(SIZE, device=DEVICE), torch.ones(SIZE, device=DEVICE)
     if rank == culprit and case == "world_for_subgroup":
         all_reduce_on_the_world_instead(grads)
     elif rank == culprit and case == "opposite_order":
         sync_world(loss)
         sync_subgroup(grads, subgroup)
+        finish_step()
         return True
     elif rank == culprit and case == "subgroup_barrier":
         sync_subgroup(grads, subgroup)
         wait_for_subgroup(subgroup)
+        finish_step()
         return True
     elif rank == culprit and case == "early_exit":
         return False
     else:
         sync_subgroup(grads, subgroup)
     sync_world(loss)
+    finish_step()
     return True
+
+
+def use_backend() -> str:
+    """The backend the job runs on, and its device (the GPU of its local rank, shared if there are fewer)."""
+    global DEVICE
+    backend = os.environ.get("BACKEND", "gloo")
+    if backend == "nccl":
+        local, count = env_int("LOCAL_RANK", 0), torch.cuda.device_count()
+        if local >= count:  # another host to NCCL: it refuses two ranks of one host on one device
+            os.environ["NCCL_HOSTID"] = f"cross-group-rank-{env_int('RANK', 0)}"
+        DEVICE = torch.device("cuda", local % count)
+        torch.cuda.set_device(DEVICE)
+    return backend
 
 
 def main() -> None:
@@ -142,7 +171,7 @@ def main() -> None:
         raise SystemExit(f"CASE={case!r} is not one of {', '.join(CASES)}")
     culprit = env_int("CULPRIT", 1)
     exit_when_orphaned()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=env_int("HANG_TIMEOUT_S", 600)))
+    dist.init_process_group(use_backend(), timeout=timedelta(seconds=env_int("HANG_TIMEOUT_S", 600)))
     rank, world = dist.get_rank(), dist.get_world_size()
     size = env_int("GROUP_SIZE", max(1, world // 2))
     subgroups = [dist.new_group(list(range(s, min(s + size, world)))) for s in range(0, world, size)]

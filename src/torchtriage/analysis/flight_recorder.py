@@ -406,11 +406,26 @@ def _last_op(dump: RankDump) -> tuple[str, int] | None:
 
 
 def rank_positions(load: LoadResult) -> dict[int, RankPosition]:
-    """Where each rank is by its flight recorder: in its last collective, or past it if that completed."""
+    """Where each rank is by its flight recorder: where the recorder marks ops completed (NCCL), in the first op
+    that has not (its ops return at once and those it issued after wait behind it); else in its last
+    collective, or past it if that completed."""
     found = {}
     for dump in load.dumps:
         last = _last_op(dump)
         if last is None:
+            continue
+        pending = wait_for.first_pending(dump) if wait_for.records_states(dump) else None
+        if pending is not None:
+            members = (
+                load.ranks_of(dump.pg_config[pending.group].ranks_digest) if pending.group in dump.pg_config else None
+            )
+            peer = None
+            if pending.peer is not None and members and 0 <= pending.peer < len(members):
+                peer = members[pending.peer]
+            found[dump.rank] = RankPosition(
+                dump.rank, RankState.COLLECTIVE, pending.op, pending.frame, pending.frame, SourceKind.FLIGHT_RECORDER,
+                dump.path, process_group=pending.group, seq=pending.seq, peer=peer,
+            )  # fmt: skip
             continue
         pg, seq = last
         track = dump.tracks[pg]
@@ -856,7 +871,8 @@ def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead
         issued = programs[culprit].last
     if issued is not None:
         group = groups.get(_group_key(dumps[culprit], issued.group))
-        facts |= {"pg": issued.group, "pg_size": len(group.members) if group else None, "seq_kind": "collective_seq_id"}
+        seq_kind = "collective_seq_id" if issued.peer is None else "p2p_seq_id"
+        facts |= {"pg": issued.group, "pg_size": len(group.members) if group else None, "seq_kind": seq_kind}
         if issued.frame is not None:
             facts["user_frame" if graph.kind == "cycle" else "last_call_site"] = issued.frame.to_fact(culprit)
     for rank, targets in sorted(graph.edges.items()):

@@ -35,7 +35,7 @@ def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement |
     for (src, dst), ops in sorted(posted.items()):
         if src not in dumps or dst not in dumps or src == dst:
             continue
-        floor = max(_whole_from(dumps[src], group), _whole_from(dumps[dst], group))
+        floor = _aligned_after(dumps[src], dumps[dst], group.name)
         if floor is None:
             continue  # a buffer wrapped and the group has no collective to count from: cannot be aligned
         sends = [op for op in ops["send"] if op.after > floor]
@@ -46,15 +46,36 @@ def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement |
     return min(found, key=lambda item: item[0])[1] if found else None
 
 
-def _whole_from(dump: RankDump, group: Group) -> int | None:
-    """The collective seq after which this rank's buffer holds every p2p op of the group: -1 when it never
+def _whole_from(dump: RankDump, name: str) -> int | None:
+    """The collective seq after which this rank's buffer holds every p2p op of group `name`: -1 when it never
     wrapped; else the oldest collective it still holds (the ops after the one before it may be cut)."""
     if not dump.first_record_id:
         return -1
-    track = dump.tracks.get(group.name)
+    track = dump.tracks.get(name)
     if track is None or not track.seqs:
         return None
     return track.seqs[0]
+
+
+def _aligned_after(one: RankDump, other: RankDump, name: str) -> int | None:
+    """The collective seq after which both buffers hold every p2p op of group `name` (None: they cannot be
+    aligned, a buffer wrapped past every collective of the group)."""
+    mine, theirs = _whole_from(one, name), _whole_from(other, name)
+    return None if mine is None or theirs is None else max(mine, theirs)
+
+
+def counterpart(name: str, mine: RankDump, theirs: RankDump, op: P2POp) -> P2POp | None:
+    """The op of `theirs` that `op`, posted by `mine` in group `name`, pairs with: the k-th send a->b after a
+    collective meets the k-th recv at b from a after the same collective. None when `theirs` never posted
+    it; LookupError when the two buffers cannot be aligned there."""
+    floor = _aligned_after(mine, theirs, name)
+    if floor is None or op.after <= floor:
+        raise LookupError("the buffers do not both hold the ops around it")
+    pair, other = (op.src, op.dst), "recv" if op.kind == "send" else "send"
+    same = [o.index for o in mine.p2p.get(name, ()) if (o.kind, o.src, o.dst, o.after) == (op.kind, *pair, op.after)]
+    matching = [o for o in theirs.p2p.get(name, ()) if (o.kind, o.src, o.dst, o.after) == (other, *pair, op.after)]
+    k = same.index(op.index)
+    return matching[k] if k < len(matching) else None
 
 
 def _first_unmatched(

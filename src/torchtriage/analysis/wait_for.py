@@ -1,8 +1,11 @@
 """Who waits for whom: the wait-for graph of a hang that crosses process groups.
 
-Per rank, from its flight-recorder entries: its program (every collective it issued, in record order,
-across all its groups) and the one it waits in. An edge runs from each waiting rank to each member of
-that op's group that has not issued it. Then:
+Per rank, from its flight-recorder entries: its program (every collective and recorded send or recv it
+issued, in record order, across all its groups) and the one it waits in. An edge runs from each waiting
+rank to each member of that op's group that is not in it: that has not issued it, or, where the recorder
+says which ops completed (NCCL), that issued it but waits in an earlier op of its own (its collectives
+return at once and queue on the device behind the one that cannot complete). A rank waiting in a send or
+recv waits for its peer, unless the peer waits in the op it pairs with. Then:
 
 - a rank that others wait for and that waits in no collective (a sink) is the culprit;
 - where the chains end in a cycle instead — ranks waiting in one group for peers that wait in another
@@ -16,13 +19,15 @@ Pure: takes the loaded dumps and their groups, returns a `WaitFor`.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import dataclass, field
 from itertools import compress, count, repeat
 from operator import ne
 from typing import Any
 
-from torchtriage.sources.flight_recorder import LoadResult, RankDump
+from torchtriage.analysis.fr_p2p import counterpart
+from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump
 
 _STATELESS = frozenset(("scheduled", ""))  # gloo records every entry as scheduled: its states say nothing
 P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)
@@ -31,20 +36,39 @@ P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder d
 @dataclass(frozen=True)
 class IssuedOp:
     group: str  # the process group's name
-    seq: int  # its collective_seq_id in that group
-    op: str
+    seq: int  # its collective_seq_id in that group; a send's or recv's p2p_seq_id
+    op: str  # "all_reduce", ...; "send" or "recv"
     site: str | None  # the user's call site, "file:line in function"
     index: int  # position in the rank's dump
     frame: Any = field(default=None, compare=False)  # the call site's Frame
+    peer: int | None = None  # a send's or recv's peer, a rank of the group (None for a collective)
+    record: Any = field(default=None, compare=False)  # a send's or recv's P2POp
+    batched: bool = False  # one op of a batch of sends and recvs (batch_isend_irecv)
+
+    @property
+    def key(self) -> tuple[str, int, bool]:
+        """The op among the group's: its seq, counted apart for collectives and for sends and recvs."""
+        return (self.group, self.seq, self.peer is not None)
 
     @property
     def identity(self) -> tuple[str, str, str | None]:
-        """What makes two ops the same step of a program: group, op and call site (never the seq)."""
-        return (self.group, self.op, self.site)
+        """What makes two ops the same step of a program: group, op (a send's or recv's peer too) and call
+        site (never the seq)."""
+        return (self.group, self.op if self.peer is None else self.towards, self.site)
+
+    @property
+    def towards(self) -> str:
+        """A send's or recv's op and peer: "send to its rank 1"."""
+        return f"{self.op} {'to' if self.op == 'send' else 'from'} its rank {self.peer}"
+
+    def what(self, label: str) -> str:
+        if self.peer is None:
+            return f"{self.op} seq {self.seq} of {label}"
+        batch = ", in a batch of sends and recvs" if self.batched else ""
+        return f"{self.towards} of {label} (p2p seq {self.seq}{batch})"
 
     def describe(self, label: str) -> str:
-        where = f", called at {self.site}" if self.site else ""
-        return f"{self.op} seq {self.seq} of {label}{where}"
+        return self.what(label) + (f", called at {self.site}" if self.site else "")
 
 
 class Program:
@@ -57,7 +81,9 @@ class Program:
         self._frozen = {} if frozen is None else frozen  # id(list) -> (list, its tuple): shared by the ranks
         self.reach: dict[str, int | None] = {name: _reach(dump, name) for name in dump.tracks}
         self.last = last_op(dump)
-        self.waiting: IssuedOp | None = _waiting(dump, self.last)
+        # Where the recorder marks ops completed (NCCL), a rank may have issued ops past the one it waits in.
+        self.stateful = records_states(dump)
+        self.waiting: IssuedOp | None = _waiting(dump, self.last, self.stateful)
         self.maybe_in_p2p = self.waiting is None and _likely_in_p2p(dump, self.last)
         self._ops: list[IssuedOp] | None = None
         self._shape: tuple | None = None
@@ -69,10 +95,17 @@ class Program:
         (the loader makes equal ones one object; hashing each frame would cost more than the reading)."""
         if self._shape is None:
             frozen = self._freeze
-            self._shape = tuple(
-                (name, frozen(t.seqs), frozen(t.keys), tuple(map(id, t.sites)), frozen(t.indices), frozen(t.states))
-                for name, t in sorted(self.dump.tracks.items())
-            ) + ((self.waiting.index if self.waiting else None),)
+            self._shape = (
+                tuple(
+                    (name, frozen(t.seqs), frozen(t.keys), tuple(map(id, t.sites)), frozen(t.indices), frozen(t.states))
+                    for name, t in sorted(self.dump.tracks.items())
+                )
+                + tuple(
+                    (name, tuple((r.index, r.kind, r.src, r.dst, id(r.site), r.state) for r in records))
+                    for name, records in sorted(self.dump.p2p.items())
+                )
+                + ((self.waiting.index if self.waiting else None),)
+            )
         return self._shape
 
     def _freeze(self, column: list) -> tuple:
@@ -87,6 +120,21 @@ class Program:
         if self._ops is None:
             self._ops = _program_ops(self.dump)
         return self._ops
+
+    def held_before(self, op: IssuedOp) -> bool:
+        """Issued `op` (a collective) but waits in an earlier op of its own, the recorder says (NCCL)."""
+        if not self.stateful or self.waiting is None or self.waiting.key == op.key:
+            return False
+        track = self.dump.tracks.get(op.group)
+        if track is None:
+            return False
+        at = bisect_left(track.seqs, op.seq)
+        return at < len(track.seqs) and track.seqs[at] == op.seq and track.states[at] != "completed"
+
+    def waits_in(self, record: P2POp) -> bool:
+        """Waits in this send or recv, or in the batch it is one op of."""
+        mine = self.waiting.record if self.waiting is not None else None
+        return mine is not None and (mine is record or (record.batch >= 0 and mine.batch == record.batch))
 
 
 @dataclass
@@ -116,8 +164,15 @@ def _op(dump: RankDump, name: str, i: int) -> IssuedOp:
     return IssuedOp(name, track.seqs[i], signature.op if signature else "?", _site(site), track.indices[i], site)
 
 
+def _p2p_op(name: str, record: P2POp) -> IssuedOp:
+    peer = record.dst if record.kind == "send" else record.src
+    site = _site(record.site)
+    return IssuedOp(name, record.seq, record.kind, site, record.index, record.site, peer, record, record.batch >= 0)
+
+
 def _program_ops(dump: RankDump) -> list[IssuedOp]:
     ops = [_op(dump, name, i) for name, track in dump.tracks.items() for i in range(len(track.seqs))]
+    ops += [_p2p_op(name, record) for name, records in dump.p2p.items() for record in records]
     ops.sort(key=lambda op: op.index)
     return ops
 
@@ -145,17 +200,31 @@ def _reach(dump: RankDump, name: str) -> int | None:
     return 0
 
 
-def _waiting(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
+def records_states(dump: RankDump) -> bool:
+    """Whether the recorder marks ops completed (NCCL): a rank may then have issued ops past the one it waits in."""
+    return any(not _STATELESS.issuperset(track.states) for track in dump.tracks.values())
+
+
+def first_pending(dump: RankDump) -> IssuedOp | None:
+    """Where the recorder marks ops completed (NCCL): the first op that has not completed, collective or send
+    or recv, in record order; it holds the rank, and the ops it issued after it wait on the device behind it."""
+    pending: list[tuple[int, Any]] = []
+    for name, track in dump.tracks.items():
+        i = next(compress(count(), map(ne, track.states, repeat("completed"))), None)  # at C speed
+        if i is not None:
+            pending.append((track.indices[i], lambda name=name, i=i: _op(dump, name, i)))
+    for name, records in dump.p2p.items():
+        record = next((r for r in records if r.state != "completed"), None)
+        if record is not None:
+            pending.append((record.index, lambda name=name, record=record: _p2p_op(name, record)))
+    return min(pending, key=lambda item: item[0])[1]() if pending else None
+
+
+def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp | None:
     if last is None:
         return None
-    if any(not _STATELESS.issuperset(track.states) for track in dump.tracks.values()):
-        # A backend that records states (NCCL): the first op that has not completed holds the rank.
-        pending = []
-        for name, track in dump.tracks.items():
-            i = next(compress(count(), map(ne, track.states, repeat("completed"))), None)  # at C speed
-            if i is not None:
-                pending.append((track.indices[i], name, i))
-        return _op(dump, *min(pending)[1:]) if pending else None
+    if stateful:
+        return first_pending(dump)
     # Gloo: the groups whose pg_status counts more ops enqueued than completed have one in flight.
     statuses = {name: dump.status(name) for name in dump.tracks}
     if all(status is None for status in statuses.values()):
@@ -202,19 +271,24 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
     places: dict[tuple, tuple[frozenset, frozenset]] = {}
 
     def place(rank: int, op: IssuedOp) -> tuple:
-        return (op.group, op.seq, id(members_of(rank, op.group)))
+        if op.peer is not None:
+            return (op.group, op.seq, 1, rank)  # a send's or recv's place is its rank's own
+        return (op.group, op.seq, 0, id(members_of(rank, op.group)))
 
     def missing(rank: int, op: IssuedOp) -> tuple[frozenset, frozenset]:
-        """The members of op's group that never issued it, and those whose dumps cannot say."""
+        """The members of op's group that are not in it (never issued it, or wait in an op of their own
+        before it), and those whose dumps cannot say."""
         key = place(rank, op)
         if key not in places:
             absent, unknown = [], []
-            for member in members_of(rank, op.group):
+            if op.peer is not None:
+                absent, unknown = _peer_in(programs, members_of(rank, op.group), rank, op)
+            for member in members_of(rank, op.group) if op.peer is None else ():
                 other = programs.get(member)
                 reach = other.reach.get(op.group, 0) if other is not None else None
                 if reach is None:
                     unknown.append(member)
-                elif reach < op.seq:
+                elif reach < op.seq or other.held_before(op):
                     absent.append(member)
             places[key] = (frozenset(absent), frozenset(unknown))
         return places[key]
@@ -239,6 +313,33 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
         if waiting is not None:
             graph.place_of[rank] = place(rank, waiting)
     return graph
+
+
+def _peer_in(
+    programs: dict[int, Program], members: tuple[int, ...], rank: int, op: IssuedOp
+) -> tuple[list[int], list[int]]:
+    """The peers of the send or recv `rank` waits in (of every op of its batch, where it is one), as (absent,
+    unknown): absent when a peer never posted the op this one pairs with, or waits in an op of its own before
+    it; unknown when its dump cannot say; neither when it waits in that op too (or completed it)."""
+    dump = programs[rank].dump
+    batch = op.record.batch
+    records = [r for r in dump.p2p.get(op.group, ()) if r.batch == batch] if batch >= 0 else [op.record]
+    absent, unknown = [], []
+    for record in records:
+        local = record.dst if record.kind == "send" else record.src
+        if not 0 <= local < len(members) or members[local] == rank:
+            continue
+        peer = members[local]
+        other = programs.get(peer)
+        try:
+            paired = counterpart(op.group, dump, other.dump, record) if other is not None else None
+        except LookupError:
+            paired = other = None
+        if other is None:
+            unknown.append(peer)
+        elif paired is None or not (paired.state == "completed" or other.waits_in(paired)):
+            absent.append(peer)
+    return absent, unknown
 
 
 def _strongly_connected(edges: dict) -> list[list]:
@@ -347,17 +448,18 @@ def _upto_waiting(program: Program) -> list[IssuedOp]:
 
 def _after_last_shared(
     cycle: list[int], programs: dict[int, Program]
-) -> tuple[tuple[str, int] | None, dict[int, IssuedOp | None]]:
+) -> tuple[tuple[str, int, bool] | None, dict[int, IssuedOp | None]]:
     """The last op every rank of the cycle issued (group and seq), and each rank's op after it."""
     issued = {rank: _upto_waiting(programs[rank]) for rank in cycle}
-    shared = set.intersection(*({(op.group, op.seq) for op in ops} for ops in issued.values()))
+    # Collectives only: a send's or recv's seq counts the rank's own, no op its peers share.
+    shared = set.intersection(*({op.key for op in ops if op.peer is None} for ops in issued.values()))
     if not shared:
         return None, {}
     first = issued[cycle[0]]
-    anchor = max(shared, key=lambda key: next(i for i, op in enumerate(first) if (op.group, op.seq) == key))
+    anchor = max(shared, key=lambda key: next(i for i, op in enumerate(first) if op.key == key))
     following = {}
     for rank, ops in issued.items():
-        at = next(i for i, op in enumerate(ops) if (op.group, op.seq) == anchor)
+        at = next(i for i, op in enumerate(ops) if op.key == anchor)
         following[rank] = ops[at + 1] if at + 1 < len(ops) else None
     return anchor, following
 
@@ -405,7 +507,7 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
         program = programs[reader]
         since = -1
         if anchor is not None:
-            since = next(i for i, op in enumerate(program.ops) if (op.group, op.seq) == anchor)
+            since = next(i for i, op in enumerate(program.ops) if op.key == anchor)
         found, keeps = _against_its_history(program, since)
         for rank in ranks_like[reader]:
             if found is not None:

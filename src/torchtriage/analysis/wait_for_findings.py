@@ -28,16 +28,14 @@ def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[i
                 number = number_of_set[id(targets)] = number_of_targets.setdefault(
                     tuple(sorted(targets)), len(number_of_targets)
                 )
-            by_place.setdefault((op.group, op.seq, op.op, number), []).append(rank)
+            by_place.setdefault((op.group, op.seq, op.op, op.peer, op.batched, number), []).append(rank)
     targets_numbered = list(number_of_targets)
     clauses = []
-    for (group, seq, op, number), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
+    for (group, seq, op, peer, batched, number), waiting in sorted(by_place.items(), key=lambda item: item[1][0]):
         targets = list(targets_numbered[number])
         verb = "waits" if len(waiting) == 1 else "wait"
-        clauses.append(
-            f"{format_ranks(waiting)} {verb} in {op} seq {seq} of {label_of(waiting[0], group)} "
-            f"for {format_ranks(targets)}"
-        )
+        what = IssuedOp(group, seq, op, None, 0, peer=peer, batched=batched).what(label_of(waiting[0], group))
+        clauses.append(f"{format_ranks(waiting)} {verb} in {what} for {format_ranks(targets)}")
     return "; ".join(clauses)
 
 
@@ -100,7 +98,11 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             said = []
             if issued is not None:
                 said.append(f"it issued {issued.describe(label_of(culprits[0], issued.group))}")
-                facts |= {"seq": issued.seq, "group": label_of(culprits[0], issued.group)}
+                facts |= {
+                    "seq": issued.seq,
+                    "group": label_of(culprits[0], issued.group),
+                    "issued": issued.what(label_of(culprits[0], issued.group)),
+                }
                 if issued.site:
                     facts["site"] = issued.site
             if peers is not None:

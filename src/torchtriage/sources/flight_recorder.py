@@ -85,6 +85,9 @@ class P2POp(NamedTuple):
     state: str
     site: Frame | None
     after: int = 0  # collective_seq_id: the group's last collective before it (NCCL records it on p2p entries)
+    # The entry index of the `coalesced` marker that closes its batch (batch_isend_irecv), -1 if in none. NCCL
+    # never marks a batch's own entries completed, only the marker: a batched op's state is the marker's.
+    batch: int = -1
 
 
 @dataclass
@@ -459,6 +462,30 @@ def _add_op_ids(tracks: dict[str, Track], entries: list) -> None:
         track.op_ids = ids if set(map(type, ids)) <= {int} else [_int(i, -1) for i in ids]
 
 
+def _close_batches(p2p: dict[str, list[P2POp]], entries: list) -> None:
+    """Each op of a batch of sends and recvs takes its batch's marker and state. NCCL records a batch as its
+    ops, which share one p2p_seq_id, then a `coalesced` entry (not p2p) with that id, which alone says
+    whether the batch completed: the ops' own entries stay `scheduled`."""
+    by_index = {op.index: op for ops in p2p.values() for op in ops}
+    closing: dict[int, tuple[int, str]] = {}  # op index -> (marker index, marker state)
+    for marker in sorted({index + 1 for index in by_index} - set(by_index)):
+        if marker >= len(entries) or _is_p2p_entry(entries[marker]):
+            continue
+        entry = entries[marker]
+        if _split_name(str(entry.get("profiling_name", "")))[1] != "coalesced":
+            continue
+        seq, state, at = _int(entry.get("p2p_seq_id")), _interned(str(entry.get("state", ""))), marker - 1
+        while at in by_index and by_index[at].seq == seq:
+            closing[at] = (marker, state)
+            at -= 1
+    if closing:
+        for name, ops in p2p.items():
+            p2p[name] = [
+                op._replace(batch=closing[op.index][0], state=closing[op.index][1]) if op.index in closing else op
+                for op in ops
+            ]
+
+
 def _finish_tracks(tracks: dict[str, Track], entries: list, signatures: dict[str, Signature]) -> None:
     """Drop empty tracks, merge coalesced ops, and note each all_to_all's own totals."""
     has_all_to_all = any(key.startswith(_ALL_TO_ALL) for key in signatures)
@@ -671,6 +698,8 @@ def _extract(entries: list, fetched: tuple[list, list | None] | None, compared: 
     plain = compared is not None and not ext.p2p and _Made.plain(ext) and set(map(type, compared[-1])) <= {int}
     _finish_tracks(ext.tracks, entries, ext.signatures)
     _add_op_ids(ext.tracks, entries)
+    if ext.p2p:
+        _close_batches(ext.p2p, entries)
     made = _Made.of(ext, tuple(fetched[0][_COLUMN_NAMES.index("frames")])) if plain else None  # type: ignore[index]
     if made is not None:
         _templates.keep(compared, made)  # type: ignore[arg-type]
