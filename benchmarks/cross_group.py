@@ -12,9 +12,11 @@ then on the world (`sync_world`), for --steps steps; at the last one the culprit
 says (the families of tests/jobs/cross_group.py, recorded for real in tests/fixtures/fr_cross_group).
 The dumps are written as torch's pickler writes them (--format torch): each distinct string once, then
 referred to (its memo goes by value), a frame's dict shared by the entries called from it, `pg_id` the
-group's id in its process (0 for the world, 1 for the rank's subgroup) and `pg_status` keyed by it. With
---format plain they are Python's pickle of fresh objects (every entry's strings and frames its own, `pg_id`
-the group's name), as this benchmark wrote them before:
+group's id in its process (0 for the world, 1 for the rank's subgroup) and `pg_status` keyed by it; and, as
+on NCCL, whose ops return at once, a rank has issued the rest of its step behind the op it waits in
+(tests/fixtures/fr_cross_group_nccl). With --format plain they are Python's pickle of fresh objects (every
+entry's strings and frames its own, `pg_id` the group's name), each rank stopped at the op it waits in, as
+this benchmark wrote them before:
 
     world_for_subgroup   the culprit all_reduces on the world where its half uses the half's group
     opposite_order       it calls the world all_reduce before its half's
@@ -65,8 +67,13 @@ def _frames(op: str, function: str) -> list[dict]:
     ]
 
 
-def program(case: str, rank: int, world: int, culprit: int, steps: int, half: int) -> list[tuple[str, str, str, bool]]:
-    """This rank's ops in order: (group, op, function, completes); `half` is the size of its subgroup."""
+def program(
+    case: str, rank: int, world: int, culprit: int, steps: int, half: int, issued_ahead: bool = True
+) -> list[tuple[str, str, str, bool]]:
+    """This rank's ops in order: (group, op, function, completes); `half` is the size of its subgroup.
+
+    `issued_ahead`: as on NCCL, whose ops return at once, a rank has issued the rest of its step behind the op
+    it waits in (recorded pending too); as on gloo, it stops at that op."""
     sub = str(1 + rank // half)
     ops = []
     for _ in range(steps - 1):
@@ -74,8 +81,10 @@ def program(case: str, rank: int, world: int, culprit: int, steps: int, half: in
     in_culprits_half = rank // half == culprit // half
     if rank == culprit:
         last = {
-            "world_for_subgroup": [("0", "all_reduce", "all_reduce_on_the_world_instead", False)],
-            "opposite_order": [("0", "all_reduce", "sync_world", False)],
+            "world_for_subgroup": [("0", "all_reduce", "all_reduce_on_the_world_instead", False)]
+            + [("0", "all_reduce", "sync_world", False)] * issued_ahead,
+            "opposite_order": [("0", "all_reduce", "sync_world", False)]
+            + [(sub, "all_reduce", "sync_subgroup", False)] * issued_ahead,
             "subgroup_barrier": [
                 (sub, "all_reduce", "sync_subgroup", True),
                 (sub, "barrier", "wait_for_subgroup", False),
@@ -84,6 +93,7 @@ def program(case: str, rank: int, world: int, culprit: int, steps: int, half: in
         }[case]
     elif in_culprits_half and case != "subgroup_barrier":
         last = [(sub, "all_reduce", "sync_subgroup", False)]  # waits for the culprit in the half
+        last += [("0", "all_reduce", "sync_world", False)] * issued_ahead
     else:
         last = [(sub, "all_reduce", "sync_subgroup", True), ("0", "all_reduce", "sync_world", False)]
     return ops + last
@@ -95,7 +105,9 @@ def make_dump(
     records, seqs, status = [], {}, {}
     t0 = 1_796_007_263_000_000_000 + rank * 1000
     frames_of: dict[tuple[str, str], list[dict]] = {}
-    for i, (group, op, function, completes) in enumerate(program(case, rank, world, culprit, steps, half)):
+    for i, (group, op, function, completes) in enumerate(
+        program(case, rank, world, culprit, steps, half, issued_ahead=form == "torch")
+    ):
         seq = seqs[group] = seqs.get(group, 0) + 1
         enqueued, completed = status.get(group, (0, 0))
         status[group] = (seq, seq if completes else completed)
@@ -164,7 +176,7 @@ def _strings_by_value(value, seen: dict, made: dict | None = None):
 
 
 def make_stack(case: str, rank: int, world: int, culprit: int, half: int) -> str:
-    group, op, function, _ = program(case, rank, world, culprit, 1, half)[-1]
+    group, op, function, _ = program(case, rank, world, culprit, 1, half, issued_ahead=False)[-1]  # where it blocks
     frames = _frames(op, function)
     lines = [
         f"Process {40000 + rank}: python {JOB}",

@@ -405,16 +405,21 @@ def _last_op(dump: RankDump) -> tuple[str, int] | None:
     return (last.group, last.seq) if last else None
 
 
-def rank_positions(load: LoadResult) -> dict[int, RankPosition]:
+def rank_positions(load: LoadResult, programs: dict[int, wait_for.Program] | None = None) -> dict[int, RankPosition]:
     """Where each rank is by its flight recorder: where the recorder marks ops completed (NCCL), in the first op
     that has not (its ops return at once and those it issued after wait behind it); else in its last
-    collective, or past it if that completed."""
+    collective, or past it if that completed. `programs`, when the wait-for graph has read them, say it."""
     found = {}
     for dump in load.dumps:
-        last = _last_op(dump)
+        program = programs.get(dump.rank) if programs is not None else None
+        if program is not None and program.dump is dump:
+            last = (program.last.group, program.last.seq) if program.last is not None else None
+            pending = program.waiting if program.stateful else None
+        else:
+            last = _last_op(dump)
+            pending = wait_for.first_pending(dump) if last is not None and wait_for.records_states(dump) else None
         if last is None:
             continue
-        pending = wait_for.first_pending(dump) if wait_for.records_states(dump) else None
         if pending is not None:
             members = (
                 load.ranks_of(dump.pg_config[pending.group].ranks_digest) if pending.group in dump.pg_config else None
@@ -703,7 +708,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     facts = _load_facts(load, groups, all_missing, timed_out) | wait_for_findings.facts(graph)
     if unrecorded:
         facts["may_wait_unrecorded"] = {str(rank): sorted(where) for rank, where in unrecorded.items()}
-    where = rank_positions(load)
+    where = rank_positions(load, programs)
     facts["position_by_rank"] = {str(rank): describe(p) for rank, p in list(where.items())[:64]}
     blaming = next((f for f in findings if f.blames), None)  # the missing ranks, when nothing else decides
     if graph_leads:

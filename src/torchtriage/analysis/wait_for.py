@@ -153,8 +153,18 @@ class WaitFor:
 # ---------------------------------------------------------------------------------------------- programs
 
 
+_sites: dict[int, tuple[Any, str]] = {}  # id(frame) -> (frame, its text): the loader shares equal call sites
+
+
 def _site(frame) -> str | None:
-    return f"{frame.site} in {frame.function}" if frame is not None else None
+    if frame is None:
+        return None
+    known = _sites.get(id(frame))
+    if known is None or known[0] is not frame:
+        if len(_sites) > 1 << 16:
+            _sites.clear()
+        known = _sites[id(frame)] = (frame, f"{frame.site} in {frame.function}")
+    return known[1]
 
 
 def _op(dump: RankDump, name: str, i: int) -> IssuedOp:
