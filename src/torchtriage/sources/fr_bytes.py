@@ -31,6 +31,8 @@ import struct
 from operator import itemgetter
 from typing import Any, NamedTuple
 
+from torchtriage.sources.safe_pickle import PickleError, unpickle_with_memo
+
 # The keys of an entry whose values are each rank's own; "stamp"s are read back, the others are never read.
 OWN_IN_ENTRY = {
     "time_created_ns": "stamp",
@@ -340,8 +342,6 @@ class ByteTemplate:
 
     def _header(self, head: bytes) -> tuple[dict | None, dict]:
         """The file's header unpickled on its own, the token in the entries' place, and the memo it filled."""
-        from torchtriage.sources.safe_pickle import PickleError, unpickle_with_memo
-
         try:
             header, memo = unpickle_with_memo(head + self._token_op + self._tail)
         except PickleError:
@@ -541,8 +541,6 @@ def _tail(last: list[tuple[str, int]]) -> int | None:
 
 def _header_values(stripped: bytes) -> dict | None:
     """The memo of the template's header, unpickled as a file's header is (the entries left out)."""
-    from torchtriage.sources.safe_pickle import PickleError, unpickle_with_memo
-
     try:
         _, memo = unpickle_with_memo(stripped)
     except PickleError:
