@@ -252,6 +252,25 @@ def test_all_gather_output_is_input_times_group_size(tmp_path):
     assert verdict.culprit_ranks == [1] and verdict.facts["decided_by"] == "sizes"
 
 
+@pytest.mark.parametrize(
+    "sizes, culprit",
+    [
+        ([(4, 4), (4, 4), (4, 4), (5, 4)], [3]),  # one rank sends one more: its peers' splits balance
+        ([(4, 4), (4, 5), (4, 4), (4, 4)], [1]),  # one rank expects one more
+        ([(5, 4), (4, 4), (4, 4), (4, 4)], [0]),  # rank 0 too
+        ([(3, 4), (5, 4), (4, 4), (4, 5)], []),  # uneven loads, as experts' are: the totals cannot say
+        ([(4, 4), (4, 4), (6, 4), (6, 4)], []),  # two ranks alike off the rest: not one rank's alone
+    ],
+)
+def test_all_to_all_totals_name_the_one_rank_whose_splits_alone_differ(tmp_path, sizes, culprit):
+    for rank, (sent, received) in enumerate(sizes):
+        ops = [entry(1), entry(2, op="all_to_all", size=0, input_sizes=[[sent]], output_sizes=[[received]])]
+        write(tmp_path, rank, ops, world=4)
+    found = verdict_of(tmp_path)
+    assert found.culprit_ranks == culprit
+    assert found.findings[0].kind == "fr.size_mismatch" and found.facts["seq"] == 2
+
+
 def test_all_to_all_totals(tmp_path):
     # Uneven splits are fine; totals that do not add up are not.
     a = entry(1, op="all_to_all", size=0, input_sizes=[[6]], output_sizes=[[4]])

@@ -25,6 +25,11 @@ the world (`sync_world`). The culprit departs in the pipeline:
     batch_missing_op     the stages exchange through batch_isend_irecv; the second stage's batch lacks
                          the send of the gradients
 
+And one where every step also exchanges tokens over the world with all_to_all_single, as an
+expert-parallel layer does (on NCCL only: gloo refuses splits that disagree at once):
+
+    split_mismatch       the culprit sends one row more to the next rank than that rank expects from it
+
 No rank is then simply missing from a collective the others wait in: the culprit waits in one group for
 peers that wait in another group for it (a cycle), and the other subgroups wait in the world all_reduce
 for the culprit's peers, which a majority rule per group would blame. The process-group timeout is 600 s,
@@ -55,6 +60,7 @@ CASES = (
     "skip_send",
     "recv_before_send",
     "batch_missing_op",
+    "split_mismatch",
 )
 PIPELINE = ("skip_send", "recv_before_send", "batch_missing_op")
 
@@ -127,10 +133,21 @@ def finish_step() -> None:
         torch.cuda.synchronize()  # the loss read back: where a GPU rank waits for its collectives
 
 
+def exchange_tokens(rank: int, world: int, one_more_to: int | None) -> None:
+    """An expert-parallel layer's all_to_all_single: one row to every rank, and one more to `one_more_to` (the
+    bug: that rank expects one)."""
+    sent = [1 + (peer == one_more_to) for peer in range(world)]
+    tokens, received = torch.ones(sum(sent), 4, device=DEVICE), torch.empty(world, 4, device=DEVICE)
+    dist.all_to_all_single(received, tokens, [1] * world, sent)
+
+
 def step(rank: int, culprit: int, case: str | None, subgroup) -> bool:
     """One training step; False when this rank leaves the loop."""
     # One size: gloo aborts on a size mismatch, NCCL would hang.
     grads, loss = torch.ones(SIZE, device=DEVICE), torch.ones(SIZE, device=DEVICE)
+    if os.environ.get("CASE") == "split_mismatch":
+        world = dist.get_world_size()
+        exchange_tokens(rank, world, (rank + 1) % world if rank == culprit and case is not None else None)
     if rank == culprit and case == "world_for_subgroup":
         all_reduce_on_the_world_instead(grads)
     elif rank == culprit and case == "opposite_order":

@@ -218,6 +218,19 @@ def _all_to_all_totals(
         numel_in, numel_out, count = totals[seq]
         if count == len(views) and numel_in != numel_out:
             ranks = [v.rank for v in views]
+            facts = {"total_input_numel": numel_in, "total_output_numel": numel_out}
+            sent = f"all_to_all totals disagree: the ranks send {numel_in} elements in all and receive {numel_out}"
+            odd = _odd_one_out({v.rank: v.track.a2a_numel[seq] for v in views}, numel_in - numel_out)  # type: ignore[union-attr]
+            if odd is not None:
+                rank, own, usual = odd
+                note = (
+                    f"{sent}; rank {rank} sends {own[0]} and receives {own[1]} where every other rank sends "
+                    f"{usual[0]} and receives {usual[1]}: with its peers' splits the totals would agree"
+                )
+                return Disagreement(
+                    group, seq, False, {"all_to_all": ranks}, None, [rank], "its totals alone off its peers'",
+                    "size_mismatch", note, facts | {"sent": own[0], "received": own[1], "peers_send": usual[0]},
+                )  # fmt: skip
             return Disagreement(
                 group,
                 seq,
@@ -227,11 +240,24 @@ def _all_to_all_totals(
                 [],
                 "undecided",
                 "size_mismatch",
-                f"all_to_all totals disagree: the ranks send {numel_in} elements in all and receive {numel_out}; "
-                "some rank's split sizes are wrong, and the totals cannot say which",
-                {"total_input_numel": numel_in, "total_output_numel": numel_out},
+                f"{sent}; some rank's split sizes are wrong, and the totals cannot say which",
+                facts,
             )
     return None
+
+
+def _odd_one_out(numels: dict[int, tuple[int, int]], excess: int) -> tuple[int, tuple, tuple] | None:
+    """The one rank whose (sent, received) elements differ from every other rank's, which all agree, and
+    whose taking its peers' would balance the totals (`excess`: sent less received, over the group); None
+    where uneven splits are the job's own (experts' loads) or more than one rank would have to change."""
+    pairs = Counter(numels.values())
+    if len(numels) < 3 or len(pairs) != 2:
+        return None
+    (usual, peers), (own, alone) = pairs.most_common()
+    if alone != 1 or peers != len(numels) - 1 or (own[0] - usual[0]) - (own[1] - usual[1]) != excess:
+        return None
+    rank = next(r for r, pair in numels.items() if pair == own)
+    return rank, own, usual
 
 
 def _state_disagreement(group: Group, views: list[_RankView], common: int) -> Disagreement | None:
@@ -472,9 +498,12 @@ def _evidence_for(d: Disagreement, dumps: dict[int, RankDump], signatures: dict[
             track = dump.tracks[d.group.name]
             site = track.sites[i]
             line = track.indices[i]
-            text = (
-                f"entries[{track.indices[i]}]: {_describe(signatures.get(track.keys[i]))}, seq {d.seq}, "
-                f"state {track.states[i]}" + (f", called at {site}" if site else "")
+            what = _describe(signatures.get(track.keys[i]))
+            if d.seq in track.a2a_numel:  # all_to_all: the key leaves sizes out, each rank has its own
+                sent, received = track.a2a_numel[d.seq]
+                what = f"{what.split(' ', 1)[0]} (its own: {sent} elements sent, {received} received)"
+            text = f"entries[{track.indices[i]}]: {what}, seq {d.seq}, state {track.states[i]}" + (
+                f", called at {site}" if site else ""
             )
         else:
             last = _last_op(dump)
