@@ -106,3 +106,7 @@ def lightning() -> None:
 
 if __name__ == "__main__":
     hugging_face() if FRAMEWORK == "hf" else lightning()
+    # The Trainer leaves its process group to the interpreter's exit, where gloo's threads are sometimes torn
+    # down out of order ("terminate called without an active exception", with or without the monitor).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
