@@ -132,6 +132,8 @@ def main() -> None:
         f"skipped steps {[batch.step for batch in guard.skipped_batches]}, weights checksum {checksum:.6f}",
         flush=True,
     )
+    if torch.distributed.is_initialized():  # the Trainer leaves it to the exit, where gloo may abort
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
