@@ -218,16 +218,19 @@ def records_states(dump: RankDump) -> bool:
 def first_pending(dump: RankDump) -> IssuedOp | None:
     """Where the recorder marks ops completed (NCCL): the first op that has not completed, collective or send
     or recv, in record order; it holds the rank, and the ops it issued after it wait on the device behind it."""
-    pending: list[tuple[int, Any]] = []
+    first: tuple[int, str, int | P2POp] | None = None  # (entry index, group, track position or the send/recv)
     for name, track in dump.tracks.items():
         i = next(compress(count(), map(ne, track.states, repeat("completed"))), None)  # at C speed
-        if i is not None:
-            pending.append((track.indices[i], lambda name=name, i=i: _op(dump, name, i)))
+        if i is not None and (first is None or track.indices[i] < first[0]):
+            first = (track.indices[i], name, i)
     for name, records in dump.p2p.items():
         record = next((r for r in records if r.state != "completed"), None)
-        if record is not None:
-            pending.append((record.index, lambda name=name, record=record: _p2p_op(name, record)))
-    return min(pending, key=lambda item: item[0])[1]() if pending else None
+        if record is not None and (first is None or record.index < first[0]):
+            first = (record.index, name, record)
+    if first is None:
+        return None
+    _, name, at = first
+    return _p2p_op(name, at) if isinstance(at, P2POp) else _op(dump, name, at)
 
 
 def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp | None:
@@ -290,16 +293,17 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
         before it), and those whose dumps cannot say."""
         key = place(rank, op)
         if key not in places:
-            absent, unknown = [], []
             if op.peer is not None:
                 absent, unknown = _peer_in(programs, members_of(rank, op.group), rank, op)
-            for member in members_of(rank, op.group) if op.peer is None else ():
-                other = programs.get(member)
-                reach = other.reach.get(op.group, 0) if other is not None else None
-                if reach is None:
-                    unknown.append(member)
-                elif reach < op.seq or other.held_before(op):
-                    absent.append(member)
+            else:
+                absent, unknown = [], []
+                for member in members_of(rank, op.group):
+                    other = programs.get(member)
+                    reach = other.reach.get(op.group, 0) if other is not None else None
+                    if reach is None:
+                        unknown.append(member)
+                    elif reach < op.seq or other.held_before(op):
+                        absent.append(member)
             places[key] = (frozenset(absent), frozenset(unknown))
         return places[key]
 
@@ -341,13 +345,15 @@ def _peer_in(
             continue
         peer = members[local]
         other = programs.get(peer)
-        try:
-            paired = counterpart(op.group, dump, other.dump, record) if other is not None else None
-        except LookupError:
-            paired = other = None
         if other is None:
             unknown.append(peer)
-        elif paired is None or not (paired.state == "completed" or other.waits_in(paired)):
+            continue
+        try:
+            paired = counterpart(op.group, dump, other.dump, record)
+        except LookupError:  # the two buffers cannot be aligned there
+            unknown.append(peer)
+            continue
+        if paired is None or not (paired.state == "completed" or other.waits_in(paired)):
             absent.append(peer)
     return absent, unknown
 

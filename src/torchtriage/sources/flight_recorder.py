@@ -40,7 +40,7 @@ from torchtriage.sources.fields import TextMemo, as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.fr_bytes import ByteTemplate, ByteTemplates
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
-from torchtriage.sources.fr_template import Templates
+from torchtriage.sources.fr_template import Templates, flat
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.registry import discover, for_reader, not_read_here, rank_from_name
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
@@ -628,7 +628,7 @@ class _ByteRoles:
         if type(entries) is not list or not entries or type(entries[-1]) is not dict:
             return False
         last = entries[-1]
-        role = (len(entries), *(_flat(last.get(k)) for k in ("profiling_name", "state", "collective_seq_id")))
+        role = (len(entries), *(flat(last.get(k)) for k in ("profiling_name", "state", "collective_seq_id")))
         if len(self._read) >= self.KEPT and role not in self._read:
             self._read.clear()
         read = self._read[role] = self._read.get(role, 0) + 1
@@ -636,10 +636,6 @@ class _ByteRoles:
 
     def clear(self) -> None:
         self._read.clear()
-
-
-def _flat(value: Any) -> Any:
-    return value if type(value) in (str, int) else None
 
 
 _byte_roles = _ByteRoles()

@@ -271,8 +271,8 @@ class ByteTemplate:
         if made is None:
             raise ValueError("its bytes make no byte template")
         entries_at, spans = made.entries_at, made.spans
-        self.slots, self.renamable, self.groups, self._created = made.slots, made.renamable, made.groups, made.created
-        self._values = made.values  # slot -> the template's value
+        self.renamable, self.groups, self._created = made.renamable, made.groups, made.created
+        self._values = made.values  # each memo slot the entries read from the header -> the template's value
         self._same_names = {group: group for group in self.groups}
         self._defined = made.defined
         self._length = len(raw) - entries_at  # the entries' bytes and the tail
@@ -356,7 +356,7 @@ class ByteTemplate:
         if not self._defined.isdisjoint(memo):
             return False
         try:
-            for slot in self.slots:
+            for slot in self._values:
                 if slot not in memo:
                     return False
                 value = memo[slot]
@@ -387,12 +387,11 @@ class _Analysis(NamedTuple):
     entries_at: int  # where the entries' bytes start
     tail_at: int  # where they end: the root's last SETITEMS, perhaps its memo write, STOP
     spans: list[OwnSpan]
-    slots: set[int]  # the memo slots the entries read from the header
-    renamable: set[int]  # those that hold a group's name or description
+    renamable: set[int]  # the memo slots the entries read from the header that hold a group's name or description
     groups: dict[str, GroupSource]
     created: list[Any]  # each pending op's creation time: its OwnSpan, or its value
     latest_fixed: int  # the latest integer stamp outside the own spans
-    values: dict[int, Any]  # the template's value of each slot read
+    values: dict[int, Any]  # the template's value of each memo slot the entries read from the header
     defined: set[int]  # the memo slots the entries write
 
 
@@ -441,7 +440,7 @@ def _analyse(raw: bytes, data: dict, pending_at: list[int]) -> _Analysis | None:
     )
     values = {slot: header[slot] for slot in slots}
     defined = {slot for pos, slot in walked.writes if at <= pos < tail}
-    return _Analysis(at, tail, spans, set(slots), renamable, groups, created, latest, values, defined)
+    return _Analysis(at, tail, spans, renamable, groups, created, latest, values, defined)
 
 
 def _own_spans(nodes: list[_Node], at: int) -> list[OwnSpan] | None:

@@ -20,7 +20,7 @@ _KEPT = 64  # candidates: a job has a handful of roles, and a dump that matches 
 _FLAT = (str, int)
 
 
-def _flat(value: Any) -> Any:
+def flat(value: Any) -> Any:
     """The value when it is a plain string or integer (hashing anything else could walk a crafted structure)."""
     return value if type(value) in _FLAT else None
 
@@ -31,8 +31,8 @@ def _pick(columns: tuple) -> tuple | None:
     if not names:
         return None
     first = groups[0]
-    group = _flat(first[0]) if type(first) is tuple and first else None
-    return (len(names), _flat(names[-1]), _flat(states[-1]), _flat(seqs[-1]), group)
+    group = flat(first[0]) if type(first) is tuple and first else None
+    return (len(names), flat(names[-1]), flat(states[-1]), flat(seqs[-1]), group)
 
 
 class Templates:
