@@ -71,7 +71,7 @@ def test_an_even_split_names_both_candidates_and_never_calls_one_innocent(capsys
     out = capsys.readouterr().out
     assert code == exit_codes.PROBLEM_FOUND
     assert "culprit   undecided between ranks 0-1" in out
-    assert "seq 4 of default_pg" in out and "of ?" not in out
+    assert "seq 4 of default_pg (pg 0)" in out and "of ?" not in out
     assert "not the culprit" not in out
     assert "torchtriage fr" in out  # the call-site history decides: the verdict says where to look next
 

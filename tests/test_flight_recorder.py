@@ -216,8 +216,9 @@ def test_missing_dump_is_the_suspect_when_everyone_present_waits(tmp_path):
     for rank in (0, 1, 3):
         write(tmp_path, rank, [entry(s, state="scheduled" if s == 4 else "completed") for s in range(1, 5)], world=4)
     verdict = verdict_of(tmp_path)
-    assert verdict.culprit_ranks == [2] and verdict.confidence == "low"
-    assert verdict.findings[-1].kind == "fr.missing_dump"
+    # Every rank that dumped waits for rank 2 in seq 4: the waits end in it, and only its dump is missing.
+    assert verdict.culprit_ranks == [2] and verdict.confidence == "medium"
+    assert verdict.findings[0].kind == "fr.missing_dump"
 
 
 def test_pg_status_counters_count_when_the_entries_are_gone(tmp_path):

@@ -94,6 +94,7 @@ class RankState(_Vocabulary):
     GPU_WAIT = "gpu_wait"  # waiting for the GPU, typically right after an asynchronous collective
     DATALOADER = "dataloader"  # waiting for, or fetching, a DataLoader batch
     LOCK = "lock"  # blocked on a lock, condition, event, queue or thread join
+    STORE = "store_wait"  # waits in the job's c10d store for a key another rank sets (store.get / wait)
     SLEEPING = "sleeping"  # time.sleep, or idle in user code in a C call py-spy cannot see without --native
     BLOCKED = "blocked"  # idle in a system call that is none of the above (I/O, a socket)
     COMPUTING = "computing"  # active: running Python or C code
@@ -168,6 +169,7 @@ class RankPosition:
     seq: int | None = None  # that group's sequence number, when the source names one
     group_given: bool | None = None  # the caller passed the collective a group (True) or used the default
     peer: int | None = None  # the rank a send or recv waits for (its dst or src), when the stack shows it
+    alike: int | None = None  # classified by the native frames of this rank's dump, at the same place
 
     @property
     def waiting(self) -> bool:

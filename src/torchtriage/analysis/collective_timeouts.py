@@ -32,6 +32,17 @@ TIMEOUT_KINDS = (
 )
 
 
+_P2P_OP_TYPES = ("SEND", "RECV", "RECVANYSOURCE")
+
+
+def _group_named(facts: dict) -> str:
+    """The group as people read it: its description and name ("default_pg (pg 0)"), compared as one text."""
+    name, desc = facts.get("pg_guid") or facts.get("pg_id") or "", facts.get("pg_name") or ""
+    if name and desc and desc != name:
+        return f"{desc} (pg {name})"
+    return desc or (f"pg {name}" if name else "")
+
+
 @dataclass
 class RankProgress:
     rank: int
@@ -118,18 +129,21 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
     The culprit is the strict minority; with an even split (two ranks) the logs cannot tell who
     departed, and the finding says so — the flight recorder's call-site history can.
     """
-    # A timeout line often names no process group; the same rank's status line for that seq does.
+    # A timeout line names its process group in its prefix (torch 2.2+), else the same rank's status line for that
+    # seq may. The group's name (GUID) is the same on every rank; its id (uid) is each process's own count.
     group_of = {
-        (e.rank, e.facts["seq"]): e.facts.get("pg_name") or e.facts["pg_id"]
+        (e.rank, e.facts["seq"]): _group_named(e.facts)
         for e in events
-        if e.rank is not None and "seq" in e.facts and (e.facts.get("pg_name") or e.facts.get("pg_id"))
+        if e.rank is not None and "seq" in e.facts and _group_named(e.facts)
     }
-    by_collective: dict[tuple[str, str], dict[int, LogEvent]] = defaultdict(dict)
+    by_collective: dict[tuple[str, str, str], dict[int, LogEvent]] = defaultdict(dict)
     for event in events:
         if event.rank is not None and "seq" in event.facts and "op" in event.facts:
-            group = group_of.get((event.rank, event.facts["seq"]), "")
-            by_collective[(group, event.facts["seq"])].setdefault(event.rank, event)
-    for (group, seq), per_rank in sorted(by_collective.items(), key=lambda item: item[0][1]):
+            group = _group_named(event.facts) or group_of.get((event.rank, event.facts["seq"]), "")
+            # A send's or recv's SeqNum counts the group's p2p ops, a collective's its collectives.
+            counter = "p2p" if event.facts["op"].upper() in _P2P_OP_TYPES else "collective"
+            by_collective[(group, counter, event.facts["seq"])].setdefault(event.rank, event)
+    for (group, _, seq), per_rank in sorted(by_collective.items(), key=lambda item: item[0][2]):
         for what, key in (("op", lambda e: e.facts["op"]), ("size", lambda e: e.facts.get("numel_in"))):
             values: dict[str, list[int]] = defaultdict(list)
             for rank, event in sorted(per_rank.items()):

@@ -174,7 +174,11 @@ def collective_disagreement(
 
 def _impossible_everywhere(group: Group, reps: list, signatures: dict[str, Signature]) -> Disagreement | None:
     """An op every rank called alike, with sizes no group of this size can run (an all_reduce whose output
-    is not its input, an all_gather whose output is not input x group size): the call itself is wrong."""
+    is not its input, an all_gather whose output is not input x group size): the call itself is wrong.
+    Only where the group's size is known: members inferred from the ranks that recorded the group (gloo) miss
+    those that left no dump."""
+    if group.inferred:
+        return None
     size = len(group.members)
     for _, lookup, _ranks in reps:
         for seq, key in sorted(lookup.items()):
@@ -362,10 +366,24 @@ def _break_tie(
     dumps: dict[int, RankDump],
     signatures: dict[str, Signature],
 ) -> tuple[str | None, str]:
-    # An op whose own sizes are impossible for the group (all_gather output != input x size) is wrong.
-    consistent = [v for v in tied if v == ABSENT or _sizes_consistent(signatures[v], len(group.members))]
+    # An op whose own sizes are impossible for the group (all_gather output != input x size) is wrong, unless it
+    # ran at an earlier seq (a recorder's shapes are not always the call's: funcol's all_gather on gloo).
+    consistent = [
+        v
+        for v in tied
+        if v == ABSENT
+        or _sizes_consistent(signatures[v], len(group.members))
+        or _ran_before(group, v, seq, sides, dumps)
+    ]
     if len(consistent) == 1 and len(tied) == 2:
         return consistent[0], "sizes"
+    # A known call at the wrong point of the step decides (`_against_the_step`). Failing that, a call the side
+    # never made before (an op, or an op from a new line) against one it always made: most often the new call is
+    # the departure (an extra collective, one rank's branch), though the other side may have skipped a new phase
+    # every rank was to enter (a checkpoint's first collective): medium confidence at most.
+    by_step = _against_the_step(group, seq, tied, sides, dumps)
+    if by_step is not None:
+        return by_step, "the group's step order"
     if ABSENT not in tied:
         scores: dict[str, int | None] = {}
         for value in tied:
@@ -382,6 +400,63 @@ def _break_tie(
         # site on the waiting side proves nothing (the first step after a warm-up is called from a new line).
         return next(v for v in tied if v != ABSENT), "stopped issuing"
     return None, "undecided"
+
+
+def _ran_before(group: Group, value: str, seq: int, sides: dict[str, list[int]], dumps: dict[int, RankDump]) -> bool:
+    """The same op (comparison key) at an earlier seq of the group: it ran then, so its sizes are possible."""
+    for rank in sides.get(value, [])[:1]:
+        track = dumps[rank].tracks.get(group.name) if rank in dumps else None
+        if track is not None:
+            return any(k == value for k, s in zip(track.keys, track.seqs, strict=True) if s < seq)
+    return False
+
+
+_LONGEST_STEP = 64  # ops of one group in one training step, at most, when looking for the step's period
+
+
+def _group_steps(dump: RankDump, group: Group) -> dict[int, tuple]:
+    """seq -> (comparison key, call site) of this rank's ops in the group."""
+    track = dump.tracks.get(group.name)
+    if track is None:
+        return {}
+    return {s: (k, site) for s, k, site in zip(track.seqs, track.keys, track.sites, strict=True)}
+
+
+def _against_the_step(
+    group: Group, seq: int, tied: list[str], sides: dict[str, list[int]], dumps: dict[int, RankDump]
+) -> str | None:
+    """An even split decided by the group's own step: where every side issued the same ops (and call sites) up to
+    some seq, those ops repeat with a period P (the group's ops in one training step); at the first seq where the
+    sides' calls differ, the side that issued what the step issued P ops earlier kept the program, and the other
+    departed, provided what it issued instead is an op the group ran before (a skipped or reordered call; an op
+    never seen before may be a new phase every rank was to enter, a checkpoint's first collective, which a
+    second rank cannot tell from an extra call). None when the history shows no period or does not decide."""
+    reps = {v: sides[v][0] for v in tied if v != ABSENT and sides[v] and sides[v][0] in dumps}
+    if len(reps) != len(tied) or len(reps) != 2:
+        return None
+    ops = {v: _group_steps(dumps[r], group) for v, r in reps.items()}
+    first, second = (ops[v] for v in reps)
+    shared = sorted(s for s in first if s < seq and first[s] == second.get(s))
+    split = min((s for s in first if s in second and s <= seq and first[s] != second[s]), default=seq)
+    history = [first[s] for s in shared if s < split]
+    period = _period(history)
+    if period is None or split - period not in first or first.get(split - period) != second.get(split - period):
+        return None
+    expected = first[split - period]
+    keeping = [v for v in reps if ops[v].get(split) == expected]
+    if len(keeping) != 1:
+        return None
+    departed = next(v for v in reps if v not in keeping)
+    instead = ops[departed].get(split)
+    return keeping[0] if instead is not None and instead in history else None
+
+
+def _period(history: list[tuple]) -> int | None:
+    """The smallest P with the last 2P entries repeating (the newest step equal to the one before it)."""
+    for period in range(1, min(_LONGEST_STEP, len(history) // 2) + 1):
+        if history[-period:] == history[-2 * period : -period]:
+            return period
+    return None
 
 
 def _sizes_consistent(sig: Signature, group_size: int) -> bool:
@@ -529,9 +604,12 @@ def _message(d: Disagreement, signatures: dict[str, Signature]) -> str:
     if d.culprits:
         how = {
             "majority": "the minority",
-            "call-site history": "its call site departs from the one it used for earlier seqs",
+            "call-site history": "its call site departs from the one it used for earlier seqs; unless every rank was "
+            "to make that new call and the others skipped it",
             "stopped issuing": "its peers wait at their usual call site while it stopped issuing collectives",
             "sizes": "its sizes are impossible for the group size",
+            "the group's step order": "the group's ops repeat every step, and at this point of the step it issued "
+            "an op its step issues elsewhere",
         }.get(d.decided_by, d.decided_by)
         return f"{head} — {format_ranks(d.culprits)} departed ({how})"
     if d.decided_by == "undecided" and len(d.sides) > 1 and not d.note:
@@ -600,29 +678,18 @@ def _disagreements(
 
 
 def _causes_and_collateral(
-    disagreements: list[Disagreement], dumps: dict[int, RankDump]
+    disagreements: list[Disagreement], programs: dict[int, wait_for.Program]
 ) -> tuple[list[Disagreement], list[Disagreement]]:
-    """A rank blamed in one group but blocked in another group's disagreement (where it joined) is collateral."""
-    joined_at: dict[int, tuple[str, int]] = {}
-    for d in disagreements:
-        for value, ranks in d.sides.items():
-            if value != ABSENT and not d.p2p:
-                for rank in ranks:
-                    joined_at.setdefault(rank, (d.group.name, d.seq))
+    """A rank blamed in one group's disagreement (it never issued the op there, or issued another) while it waits
+    in an op of another group is held there: its side of this group says nothing of who departed, and the
+    disagreement is collateral. The question moves to the group it waits in (and, across groups, to the wait-for
+    graph)."""
+    waits_in = {rank: p.waiting.group for rank, p in programs.items() if p.waiting is not None}
     primary: list[Disagreement] = []
     collateral: list[Disagreement] = []
     for d in disagreements:
-        blocked = [
-            r
-            for r in d.culprits
-            if r in dumps and (last := _last_op(dumps[r])) and last[0] != d.group.name and joined_at.get(r) == last
-        ]
-        (collateral if d.culprits and len(blocked) == len(d.culprits) else primary).append(d)
-    if not any(d.culprits for d in primary) and any(d.culprits for d in collateral):
-        # A cycle (each side blocked in the other's group): the disagreement decided most clearly is the cause.
-        best = max((d for d in collateral if d.culprits), key=_strength)
-        collateral.remove(best)
-        primary.insert(0, best)
+        held = [r for r in d.culprits if waits_in.get(r, d.group.name) != d.group.name]
+        (collateral if d.culprits and len(held) == len(d.culprits) else primary).append(d)
     primary.sort(key=lambda d: (not d.culprits, d.kind == "state_mismatch", d.group.name != "0", d.seq))
     return primary, collateral
 
@@ -694,13 +761,15 @@ def assess_dumps(load: LoadResult) -> Assessment:
     groups = build_groups(load)
     disagreements, missing_by_group = _disagreements(groups, dumps, signatures)
     all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
-    primary, collateral = _causes_and_collateral(disagreements, dumps)
     graph, programs = _wait_for(load, groups, dumps)
+    primary, collateral = _causes_and_collateral(disagreements, programs)
     per_group = sorted({r for d in primary if d.culprits and d.kind != "state_mismatch" for r in d.culprits})
     # Per group, the majority can be the victims of a rank that waits in another group: where the graph
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
-    graph_leads = graph.kind in ("cycle", "p2p") or (graph.kind == "sink" and sorted(graph.culprits) != per_group)
+    graph_leads = graph.kind in ("cycle", "p2p", "no_dump") or (
+        graph.kind == "sink" and sorted(graph.culprits) != per_group
+    )
     if graph_leads:
         primary, collateral = [], primary + collateral
         for d in collateral:  # what a group's majority said is superseded: no side of it departed
@@ -824,7 +893,11 @@ _GRAPH_CONFIDENCE = {
     "its peers' program order": "medium",
     "its own program order, its peers keeping theirs": "high",
     "its own program order": "medium",
+    "its own program order, with a call it never made before": "medium",
     "the ops between its collectives, its peers keeping theirs": "high",
+    # The waits end in a rank with no dump: it died, or hangs where nothing recorded it. Its stack (or the
+    # capture's note that it has no process) confirms it.
+    "the ranks others wait for wait for it, and it left no dump": "medium",
 }
 
 
@@ -874,12 +947,23 @@ def _unrecorded_finding(unrecorded: dict[int, list[str]]) -> Finding:
 
 def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
     programs = wait_for.programs_of(load)
+    # The world: every member of a group, and every rank up to the highest that dumped (ranks are numbered
+    # from 0; a rank below it with no dump existed).
+    world = {r for g in groups.values() for r in g.members} | set(range(max(dumps, default=-1) + 1))
+    without_dump = tuple(sorted(r for r in world if r not in dumps))
 
     def members_of(rank: int, name: str) -> tuple[int, ...]:
         group = groups.get(_group_key(dumps[rank], name))
         return group.members if group is not None else ()
 
-    return wait_for.decide(wait_for.wait_for_graph(programs, members_of), programs), programs
+    def unseen_of(rank: int, name: str) -> tuple[int, ...] | None:
+        """A group whose members were inferred from the ranks that recorded it (gloo) may have members that
+        left no dump: the ranks of the world without one."""
+        group = groups.get(_group_key(dumps[rank], name))
+        return without_dump if group is not None and group.inferred else None
+
+    graph = wait_for.wait_for_graph(programs, members_of, unseen_of)
+    return wait_for.decide(graph, programs), programs
 
 
 def _graph_finding(graph, programs, groups: dict, dumps: dict[int, RankDump]) -> Finding:
@@ -921,14 +1005,6 @@ def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead
             }
             break
     return facts
-
-
-_DECISION_STRENGTH = {"sizes": 4, "majority": 3, "call-site history": 2, "stopped issuing": 1}
-
-
-def _strength(d: Disagreement) -> tuple[int, float]:
-    agreeing = len(d.sides.get(d.expected or "", []))
-    return _DECISION_STRENGTH.get(d.decided_by, 0), agreeing / max(1, len(d.group.members))
 
 
 def _present_ranks_wait(groups: dict, dumps: dict[int, RankDump]) -> bool:

@@ -56,11 +56,32 @@ def _headline(present: dict[str, Assessment]) -> Assessment:
     if causes:
         return causes[0]
     naming = [present[name] for name in _CULPRIT_TRUST if name in present and present[name].culprits]
+    naming = [a for a in naming if not _waits_for_another(a, present)] or naming
     if naming:
         return naming[0]
+    # No source names a culprit: the one that narrows it to candidates says the most.
+    narrowing = [present[name] for name in _CULPRIT_TRUST if name in present and present[name].facts.get("candidates")]
+    if narrowing:
+        return narrowing[0]
     found = [a for a in present.values() if a.findings]
     hangs = [a for a in found if a.category in _HANG_FAMILY]
     return (hangs or found or list(present.values()))[0]
+
+
+# States in which the stacks show a rank waiting for another rank outside any collective: the flight recorder,
+# which records collectives only, sees such a rank "in no op" and would blame it.
+_WAITING_OUTSIDE_C10D = ("store_wait",)
+
+
+def _waits_for_another(assessment: Assessment, present: dict[str, Assessment]) -> bool:
+    """The flight recorder names culprits that the stacks show waiting for another rank (in the job's store):
+    they never issued the collective because they wait for a key its setter never set, and the stacks name the
+    setter. The recorder's blame is then the waits' aftermath, not a departure."""
+    stacks = present.get("stacks")
+    if assessment.source != "flight_recorder" or stacks is None or not stacks.culprits:
+        return False
+    states = stacks.facts.get("state_by_rank", {})
+    return all(states.get(str(rank)) in _WAITING_OUTSIDE_C10D for rank in assessment.culprits)
 
 
 def _category(lead: Assessment, present: dict[str, Assessment], diagnosing_a_hang: bool) -> str:
@@ -90,6 +111,8 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
     # A source that only guesses (low confidence) is said to differ, and lowers nothing.
     disagree = {name: ranks for name, ranks in named.items() if not set(culprits) <= set(ranks)}
     guessing = {name for name in disagree if comparable[name].confidence == Confidence.LOW and name != lead_name}
+    # A recorder whose culprits the stacks show waiting for another rank differs, explained: it lowers nothing.
+    guessing |= {name for name in disagree if _waits_for_another(comparable[name], present)}
     category = lead.category if lead.category not in (Category.UNKNOWN, Category.OK) else Category.HANG
     findings = []
     if culprits and len(agree) > 1:
@@ -108,7 +131,8 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
             Finding(
                 "fusion.sources_disagree",
                 sorted(set(ranks) | set(culprits)),
-                f"{_LABEL[name]} point at {format_ranks(ranks)}, {_LABEL[lead_name]} at {format_ranks(culprits)}; "
+                f"{_LABEL[name]} {'point' if _LABEL[name].endswith('s') else 'points'} at {format_ranks(ranks)}, "
+                f"{_LABEL[lead_name]} at {format_ranks(culprits)}; "
                 f"the verdict follows {_LABEL[lead_name]}",
                 Role.SYMPTOM,
                 category,

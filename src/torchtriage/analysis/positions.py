@@ -68,12 +68,24 @@ def _native_until_python(frames: Sequence[Frame]) -> list[Frame]:
     return native
 
 
-def _waiting(frames: Sequence[Frame], python: list[Frame], native_top: list[Frame], known: StackKnowledge):
-    """A collective, Work.wait or GPU wait on the stack, or None."""
+BACKWARD_OP = "backward"  # the gradient collectives autograd's hooks issue inside loss.backward()
+
+
+def _waiting(
+    frames: Sequence[Frame], python: list[Frame], native_top: list[Frame], known: StackKnowledge, active: bool | None
+):
+    """A collective, Work.wait, backward's gradient collectives or a GPU wait on the stack, or None."""
     found = collective_of(python, known)
     if found:
         return RankState.COLLECTIVE, found[0], found[1]
+    in_backward = _in_backward(python, known)
+    if in_backward is not None and active is not True:
+        # Idle inside loss.backward(): DDP's reducer waits for its all_reduces there (Work::wait under
+        # Reducer::finalize_backward), FSDP's hooks for their reduce-scatters, or the engine for the device.
+        return RankState.COLLECTIVE, BACKWARD_OP, in_backward
     for frame in frames:
+        if frame.native and known.native_p2p_wait.match(frame.function):
+            return RankState.COLLECTIVE, "send" if "Send" in frame.function else "recv", frame
         if frame.native and known.native_work_wait.match(frame.function):
             return RankState.COLLECTIVE, "Work.wait", frame
     for frame in python:
@@ -86,10 +98,34 @@ def _waiting(frames: Sequence[Frame], python: list[Frame], native_top: list[Fram
     return None
 
 
+def _in_backward(python: list[Frame], known: StackKnowledge) -> Frame | None:
+    suffix, functions = known.backward
+    return next((f for f in python if _function(f) in functions and _matches(f, suffix)), None) if suffix else None
+
+
+def _outside_wait(native: Sequence[Frame], known: StackKnowledge) -> tuple[RankState, str, Frame] | None:
+    """A wait for another process outside torch.distributed's collectives, by the native frames it is in: a key
+    of the job's store (another rank sets it), or a socket's bytes."""
+    in_store = [frame for frame in native if known.native_store.match(frame.function)]
+    if in_store:
+        # The outermost store frame is the call the job made (TCPStore::get over its client's socket wait).
+        call = in_store[-1].function.rsplit("::", 1)[-1]
+        return RankState.STORE, f"store {call}" if call in ("get", "wait", "check") else "store", in_store[-1]
+    for frame in native[:8]:
+        if known.native_socket.match(frame.function):
+            return RankState.BLOCKED, "socket recv", frame
+    return None
+
+
 def _native_only(frames: Sequence[Frame], known: StackKnowledge) -> tuple[RankState, str | None, Frame | None]:
     """A stack of native frames alone (gdb's backtrace, py-spy --native of a thread without Python): a
     wait anywhere on it decides; else a lock or a sleep at its top."""
+    outside = _outside_wait(frames, known)
+    if outside is not None:
+        return outside
     for frame in frames:
+        if known.native_p2p_wait.match(frame.function):
+            return RankState.COLLECTIVE, "send" if "Send" in frame.function else "recv", frame
         if known.native_work_wait.match(frame.function):
             return RankState.COLLECTIVE, "Work.wait", frame
         if known.native_gpu_wait.match(frame.function):
@@ -119,9 +155,12 @@ def classify_frames(frames: Sequence[Frame], active: bool | None) -> tuple[RankS
     if not python:
         return _native_only(frames, known)
     native_top = _native_until_python(frames)
-    waiting = _waiting(frames, python, native_top, known)
+    waiting = _waiting(frames, python, native_top, known, active)
     if waiting:
         return waiting
+    outside = _outside_wait(native_top, known)
+    if outside is not None:
+        return outside
     for frame in python:
         if known.dataloader_path in _short(frame) or known.dataloader_path in _path(frame):
             fetching = not any(_function(f) in known.dataloader_waits for f in python)
@@ -161,14 +200,39 @@ def position_of(
     state, op, where = classify_frames(frames, active)
     given = group_given(frames) if state == RankState.COLLECTIVE else None
     peer = p2p_peer(frames, op) if state == RankState.COLLECTIVE and op in P2P_OPS else None
+    group = created_group(frames) if op == "new_group" else None
     return RankPosition(
-        rank, state, op, where, innermost_user_frame(frames), source, file, thread_name, group_given=given, peer=peer
+        rank,
+        state,
+        op,
+        where,
+        innermost_user_frame(frames),
+        source,
+        file,
+        thread_name,
+        process_group=group,
+        group_given=given,
+        peer=peer,
     )
+
+
+def created_group(frames: Sequence[Frame]) -> str | None:
+    """The name of the group a rank is creating (`new_group`), from py-spy's locals: c10d names groups from one
+    counter every rank advances for every group, so ranks creating groups of other names have not called
+    new_group the same number of times."""
+    for frame in frames:
+        if frame.native or _function(frame) != "_new_process_group_helper" or not _matches(frame, _C10D):
+            continue
+        for local in frame.locals:
+            if local.name == "group_name" and local.repr:
+                return local.repr.strip().strip("'\"")
+    return None
 
 
 # Point-to-point ops wait for one peer, not for a group: `src` of a recv, `dst` of a send (global ranks; the
 # `group_src` / `group_dst` forms are ranks of the group and are not read).
 _PEER_OF = {
+    "batch_isend_irecv": "",  # several peers: no one argument names them
     "send": "dst",
     "isend": "dst",
     "send_object_list": "dst",
@@ -195,6 +259,7 @@ def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
 # the caller chose (`group=None` is the default); no keyword and a single positional argument (the tensor)
 # is the default group. (The collective's own `group` local is the resolved group either way: it cannot tell.)
 _WRAPPER = "c10d_logger.py"
+_C10D = "torch/distributed/distributed_c10d.py"
 _GROUP_KEYWORD = re.compile(r"""["']group["']\s*:\s*(?P<value>[^,}]*)""")
 _NONE = ("None", "<NoneType>")  # py-spy's repr and the watchdog's type name of `group=None`
 _ONE_ARGUMENT = re.compile(r"^\((?:<[^<>()]*>|[^,()<>]*),?\)$|^\(\)$")
@@ -227,15 +292,25 @@ def describe(position: RankPosition, plural: bool = False) -> str:
     """The predicate after 'rank 3': 'waits in all_reduce, called from step at train.py:63'."""
     be, wait, have = ("are", "wait", "have") if plural else ("is", "waits", "has")
     frame = position.user_frame
+    if position.alike is not None and position.alike != position.rank:
+        text = _described(position, be, wait, have, frame)
+        return f"{text} (as rank {position.alike}'s --native dump shows at the same place)"
+    return _described(position, be, wait, have, frame)
+
+
+def _described(position: RankPosition, be: str, wait: str, have: str, frame) -> str:
     site = f"{frame.function} at {frame.site}" if frame else "library code"
     where = position.where.function if position.where else "?"
     op = position.op
     group = {True: " on a group its caller passed", False: " on the default group"}.get(position.group_given, "")
+    if position.state == RankState.COLLECTIVE and op == BACKWARD_OP:
+        op = "backward (the gradient collectives its autograd hooks issue: DDP's reducer, FSDP)"
     return {
         RankState.COLLECTIVE: f"{wait} in {op}{group}, called from {site}" + _in_group(position),
         RankState.GPU_WAIT: f"{wait} for the GPU in {op}, called from {site}",
         RankState.DATALOADER: f"{be} {op} in the DataLoader, called from {site}",
         RankState.LOCK: f"{be} blocked on a lock ({op}) in {site}",
+        RankState.STORE: f"{wait} in the job's store ({op}, for a key another rank sets), called from {site}",
         RankState.SLEEPING: f"{be} sleeping in {site}"
         if op
         else f"{be} idle in {site} (time.sleep or another blocking call; a --native dump tells which)",

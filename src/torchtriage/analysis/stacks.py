@@ -16,10 +16,10 @@ after the collective, not the collective itself. That state, `gpu_wait`, counts 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchtriage.analysis.fusion import verdict_of
-from torchtriage.analysis.positions import P2P_OPS, classify_frames, describe, position_of
+from torchtriage.analysis.positions import BACKWARD_OP, P2P_OPS, classify_frames, describe, position_of
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack
@@ -27,6 +27,7 @@ from torchtriage.sources.pyspy import ProcessStack, ThreadStack
 # The states, under the names the analysis has always used.
 COLLECTIVE, GPU_WAIT, DATALOADER, LOCK = RankState.COLLECTIVE, RankState.GPU_WAIT, RankState.DATALOADER, RankState.LOCK
 SLEEPING, BLOCKED, COMPUTING, NO_STACK = RankState.SLEEPING, RankState.BLOCKED, RankState.COMPUTING, RankState.NO_STACK
+STORE = RankState.STORE
 WAITING_STATES = (COLLECTIVE, GPU_WAIT)
 
 
@@ -48,7 +49,35 @@ def rank_position(rank: int, process: ProcessStack) -> RankPosition:
 
 def positions(dumps: Mapping[int, ProcessStack]) -> dict[int, RankPosition]:
     """Each rank's position, from rank -> its py-spy dump."""
-    return {rank: rank_position(rank, dumps[rank]) for rank in sorted(dumps)}
+    found = {rank: rank_position(rank, dumps[rank]) for rank in sorted(dumps)}
+    return _alike_with_native(found, dumps)
+
+
+def _place(thread: ThreadStack) -> tuple:
+    """A main thread's place: its Python frames and whether it is idle (native frames aside)."""
+    return (tuple((f.short_file or f.file, f.line, f.function) for f in thread.python_frames), thread.active)
+
+
+def _alike_with_native(found: dict[int, RankPosition], dumps: Mapping[int, ProcessStack]) -> dict[int, RankPosition]:
+    """A rank without native frames, at the same place as a rank with them, is in the same call: a thread idle in
+    the job's own line is in a C call its Python frames do not show (store.get, a socket's recv, .item() waiting
+    for the device, time.sleep), and `py-spy --native` (costly: libtorch's symbols, per process) shows which.
+    A capture takes it for one rank of each such place; the others take its reading."""
+    with_native: dict[tuple, RankPosition] = {}
+    for rank, process in dumps.items():
+        thread = process.main_thread()
+        if thread is not None and any(f.native for f in thread.frames):
+            with_native.setdefault(_place(thread), found[rank])
+    if not with_native:
+        return found
+    for rank, position in found.items():
+        thread = dumps[rank].main_thread()
+        if thread is None or any(f.native for f in thread.frames):
+            continue
+        seen = with_native.get(_place(thread))
+        if seen is not None and (seen.state, seen.op) != (position.state, position.op):
+            found[rank] = replace(position, state=seen.state, op=seen.op, where=seen.where, alike=seen.rank)
+    return found
 
 
 # --- across ranks ---------------------------------------------------------------------------------
@@ -101,23 +130,32 @@ def _groups_text(groups: list[StackGroup]) -> str:
     return "; ".join(g.describe() for g in groups)
 
 
-def analyze_stacks(dumps: Mapping[int, ProcessStack]) -> StackAnalysis:
-    """Findings from every rank's stack: `not_in_collective`, `different_collective`, `stack_groups`."""
-    return analyze_positions(positions(dumps))
+def analyze_stacks(dumps: Mapping[int, ProcessStack], gone: Mapping[int, str] | None = None) -> StackAnalysis:
+    """Findings from every rank's stack: `not_in_collective`, `different_collective`, `stack_groups`, and
+    `rank_gone` for the ranks of the captured nodes that have no process (`gone`: rank -> why)."""
+    return analyze_positions(positions(dumps), gone)
 
 
-def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
+def analyze_positions(found: Mapping[int, RankPosition], gone: Mapping[int, str] | None = None) -> StackAnalysis:
     found = dict(sorted(found.items()))
+    gone = dict(sorted((gone or {}).items()))
     groups = group_positions(found)
     waiting = [g for g in groups if g.position.waiting]
-    elsewhere = [g for g in groups if not g.position.waiting]
-    waiting_ranks = sorted(r for g in waiting for r in g.ranks)
+    in_store = [g for g in groups if g.position.state == STORE]
+    elsewhere = [g for g in groups if not g.position.waiting and g.position.state != STORE]
+    waiting_ranks = sorted(r for g in waiting + in_store for r in g.ranks)
     elsewhere_ranks = sorted(r for g in elsewhere for r in g.ranks)
     findings: list[Finding] = []
     culprits: list[int] = []
     confidence = "low"
 
-    if waiting and elsewhere and len(elsewhere_ranks) <= len(waiting_ranks):
+    active = any(g.position.state == COMPUTING for g in elsewhere)
+    if gone and (waiting_ranks or (found and not active)):
+        # A rank of the job has no process while its peers wait (or sit idle): it cannot join what they wait in.
+        culprits = sorted(gone)
+        confidence = "high" if waiting_ranks and not elsewhere else "medium"
+        findings.append(_gone_finding(gone, waiting + in_store, elsewhere))
+    elif waiting_ranks and elsewhere and len(elsewhere_ranks) <= len(waiting_ranks):
         # The ranks the others wait for are not in any collective.
         culprits = elsewhere_ranks
         confidence = "high" if len(waiting_ranks) >= 2 and len(elsewhere_ranks) < len(waiting_ranks) else "medium"
@@ -126,21 +164,29 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
                 "stacks.not_in_collective",
                 culprits,
                 f"{format_ranks(culprits)} {'is' if len(culprits) == 1 else 'are'} in no collective while the "
-                f"others wait: {_groups_text(elsewhere)}; {_groups_text(waiting)}",
+                f"others wait: {_groups_text(elsewhere)}; {_groups_text(waiting + in_store)}",
                 role="primary",
                 category="hang",
                 evidence=[e for g in elsewhere for e in _evidence(g.position)][:_MAX_EVIDENCE]
-                + _group_evidence(waiting)[:2],
+                + _group_evidence(waiting + in_store)[:2],
                 blames=True,
             )
         )
         if len(waiting) > 1:
             findings.append(_disagreement(waiting, decided=False))
+    elif in_store:
+        culprits, confidence, finding = _store_verdict(in_store, waiting)
+        findings.append(finding)
+    elif (created := _group_creation(found)) is not None:
+        culprits, confidence, finding = created
+        findings.append(finding)
     elif len(waiting) > 1 and not elsewhere and _in_p2p(waiting):
         findings.append(_p2p_wait(waiting, found))
     elif len(waiting) > 1 and not elsewhere and _across_groups(waiting):
         culprits, confidence, finding = _across_groups_verdict(waiting)
         findings.append(finding)
+    elif len(waiting) > 1 and not elsewhere and not _one_group(waiting):
+        findings.append(_groups_unseen(waiting))
     elif len(waiting) > 1 and not elsewhere:
         largest, runner_up = len(waiting[0].ranks), len(waiting[1].ranks)
         if largest > runner_up and largest >= 2:
@@ -156,6 +202,100 @@ def analyze_positions(found: Mapping[int, RankPosition]) -> StackAnalysis:
             findings.append(_disagreement(waiting, decided=False))
     findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks))
     return StackAnalysis(found, groups, findings, culprits, confidence)
+
+
+def _gone_finding(gone: Mapping[int, str], waiting: list[StackGroup], elsewhere: list[StackGroup]) -> Finding:
+    ranks = sorted(gone)
+    why = "; ".join(f"rank {rank}: {reason}" for rank, reason in list(gone.items())[:8])
+    also = f"; also in no collective: {_groups_text(elsewhere)}" if elsewhere else ""
+    return Finding(
+        "stacks.rank_gone",
+        ranks,
+        f"{format_ranks(ranks)} {'has' if len(ranks) == 1 else 'have'} no process ({why}) while the others wait: "
+        f"{_groups_text(waiting)}{also}",
+        role="primary",
+        category="hang",
+        evidence=_group_evidence(waiting)[:2],
+        facts={"gone": {str(rank): reason for rank, reason in gone.items()}},
+        blames=True,
+    )
+
+
+def _store_verdict(in_store: list[StackGroup], waiting: list[StackGroup]) -> tuple[list[int], str, Finding]:
+    """Ranks blocked in the job's store wait for a key that another rank sets: one that is not itself in a
+    store wait. One rank outside it is the one they wait for; several are candidates (any may be the setter)."""
+    stored = sorted(r for g in in_store for r in g.ranks)
+    outside = sorted(r for g in waiting for r in g.ranks)
+    where = _groups_text(in_store + waiting)
+    verb = "waits" if len(stored) == 1 else "wait"
+    head = f"{format_ranks(stored)} {verb} in the job's store for a key another rank sets: {where}"
+    if len(outside) == 1:
+        message = (
+            f"{head}. {format_ranks(outside)}, the only rank outside the store, went on without setting the key "
+            "(or set another one) and waits for the ranks that wait for it"
+        )
+        evidence = [e for g in waiting for e in _evidence(g.position)][:_MAX_EVIDENCE] + _group_evidence(in_store)[:2]
+        finding = Finding("stacks.store_wait", outside, message, "primary", "hang", evidence, blames=True)
+        return outside, "medium", finding
+    candidates = outside or stored
+    who = "is among the others" if outside else "waits there too, or left"
+    message = f"{head}. The rank that should set the key {who}: candidates, not culprits"
+    facts = {"undecided": True, "candidates": candidates}
+    evidence = _group_evidence(in_store + waiting)
+    finding = Finding("stacks.store_wait", candidates, message, "symptom", "hang", evidence, facts)
+    return [], "low", finding
+
+
+def _group_creation(found: Mapping[int, RankPosition]) -> tuple[list[int], str, Finding] | None:
+    """Ranks creating process groups of different names: every rank must call `new_group` for every group, in
+    one order (the names come from one counter), so the ranks creating another group than a clear majority
+    skipped or added a call. None when no two ranks in new_group differ."""
+    names = {r: p.process_group for r, p in found.items() if p.op == "new_group" and p.process_group is not None}
+    by_name: dict[str, list[int]] = {}
+    for rank, name in names.items():
+        by_name.setdefault(name, []).append(rank)
+    if len(by_name) < 2:
+        return None
+    ordered = sorted(by_name.items(), key=lambda item: (-len(item[1]), item[0]))
+    (_, majority), (_, runner_up) = ordered[0], ordered[1]
+    described = "; ".join(f"{format_ranks(ranks)} create group {name!r}" for name, ranks in ordered)
+    evidence = [e for rank in sorted(names) for e in _evidence(found[rank])][:_MAX_EVIDENCE]
+    if len(majority) > len(runner_up):
+        culprits = sorted(r for name, ranks in ordered[1:] for r in ranks)
+        message = (
+            f"The ranks create different process groups: {described}. Every rank calls new_group for every group "
+            f"in one order (its name counts the calls): {format_ranks(culprits)} skipped or added a new_group call"
+        )
+        confidence = "high" if len(majority) > len(names) / 2 and len(culprits) == 1 else "medium"
+        return culprits, confidence, Finding("stacks.group_creation", culprits, message, "primary", "hang", evidence,
+                                             blames=True)  # fmt: skip
+    candidates = sorted(names)
+    message = f"The ranks create different process groups: {described}; an even split: candidates, not culprits"
+    facts = {"undecided": True, "candidates": candidates}
+    return [], "low", Finding("stacks.group_creation", candidates, message, "symptom", "hang", evidence, facts)
+
+
+def _one_group(waiting: list[StackGroup]) -> bool:
+    """Whether the ranks' collectives are known to be on one group: every rank's on the default group (py-spy's
+    locals say so), or a single place. A collective the stack shows no group of (no locals, backward's
+    gradient collectives) may be on any group: comparing by majority would blame the ranks of another group."""
+    return len(waiting) < 2 or all(g.position.group_given is False and g.position.op != BACKWARD_OP for g in waiting)
+
+
+def _groups_unseen(waiting: list[StackGroup]) -> Finding:
+    candidates = sorted(r for g in waiting for r in g.ranks)
+    return Finding(
+        "stacks.different_collective",
+        candidates,
+        f"The ranks wait in different collectives or lines: {_groups_text(waiting)}. The stacks do not show on "
+        "which group each waits (py-spy's --locals show the group a collective was given; backward's gradient "
+        "collectives none): if they share one group the minority departed, else a member of the minority's "
+        "group that went on did. The flight recorder's groups decide: candidates, not culprits",
+        role="symptom",
+        category="hang",
+        evidence=_group_evidence(waiting),
+        facts={"undecided": True, "candidates": candidates},
+    )
 
 
 # A wait on a Work whose op the stack does not show (an async collective's, a batch_isend_irecv's): like a
@@ -177,6 +317,8 @@ def _p2p_wait(waiting: list[StackGroup], found: Mapping[int, RankPosition]) -> F
     in_p2p = sorted(r for g in waiting if _waits_for_one_peer(g.position) for r in g.ranks)
     peers = sorted({p.peer for r in in_p2p if (p := found[r]).peer is not None} - set(in_p2p))
     candidates = sorted(set(in_p2p) | set(peers))
+    if any(found[r].peer is None for r in in_p2p):
+        candidates = sorted(found)  # a peer the stack does not name may be any rank
     named = f"; they wait for {format_ranks(peers)}" if peers else " (py-spy's --locals would name the peers)"
     return Finding(
         "stacks.different_collective",
@@ -288,8 +430,9 @@ def _stack_groups(
     elif len(groups) == 1:
         message = (
             f"All ranks are at the same place: {_groups_text(groups)}; the stacks cannot tell which rank is "
-            "behind (the flight recorder's sequence numbers can)"
+            "behind (the flight recorder's sequence numbers can): every rank is a candidate"
         )
+        facts |= {"undecided": True, "all_alike": True}
     else:
         message = f"{len(groups)} stack groups: {_groups_text(groups)}"
     return Finding("stacks.stack_groups", sorted(found), message, "symptom", "hang", _group_evidence(groups), facts)
@@ -321,7 +464,9 @@ def assess_stacks(analysis: StackAnalysis, files: list[str] | None = None) -> As
     undecided = next((f for f in analysis.findings if f.facts.get("undecided")), None)
     if not analysis.culprit_ranks and undecided is not None:
         facts["candidates"] = undecided.ranks
-    culprit = next((analysis.positions[r] for r in analysis.culprit_ranks if analysis.positions[r].user_frame), None)
+    culprit = next(
+        (p for r in analysis.culprit_ranks if (p := analysis.positions.get(r)) is not None and p.user_frame), None
+    )
     if culprit:
         frame = culprit.user_frame
         facts["user_frame"] = frame.to_fact(culprit.rank)

@@ -31,6 +31,7 @@ from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump
 
 _STATELESS = frozenset(("scheduled", ""))  # gloo records every entry as scheduled: its states say nothing
 P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)
+UNNAMED_GROUP = "pg id "  # a group no entry names, by its process-local id (gloo's pipeline groups)
 
 
 @dataclass(frozen=True)
@@ -142,12 +143,17 @@ class WaitFor:
     edges: dict[int, frozenset[int]]  # rank -> the ranks it waits for (one set per op waited in, shared)
     unknown: dict[int, frozenset[int]]  # rank -> members of its group with no dump (they may be the ones)
     place_of: dict[int, tuple] = field(default_factory=dict)  # waiting rank -> the op it waits in
-    kind: str | None = None  # "sink" | "cycle" | "p2p" (waited for in an unrecorded p2p op) | None
+    # "sink" | "cycle" | "p2p" (waited for in an unrecorded p2p op) | "no_dump" (the waits end in ranks that
+    # left no dump) | None
+    kind: str | None = None
     culprits: list[int] = field(default_factory=list)
     candidates: list[int] = field(default_factory=list)
     cycle: list[int] = field(default_factory=list)
     decided_by: str = ""  # "sink" | "its peers' program order" | "its own program order" | "undecided"
     departure: dict = field(default_factory=dict)  # what the culprit issued, what it was expected to
+    # Ranks that wait in an op every member the dumps show has issued (a group whose members are only the ranks
+    # that recorded it, gloo's): a member that left no dump, which the dumps cannot name, holds them.
+    unaccounted: set[int] = field(default_factory=set)
 
 
 # ---------------------------------------------------------------------------------------------- programs
@@ -248,9 +254,26 @@ def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp 
         if status is not None and status[2] < status[0] and dump.tracks[name].indices
     ]
     if not in_flight:
-        return None
+        return _in_unrecorded_group(dump, last)
     _, name = max(in_flight)  # the latest, in record order
-    return _op(dump, name, len(dump.tracks[name].indices) - 1)
+    track, status = dump.tracks[name], statuses[name]
+    if track.op_ids and 0 <= track.op_ids[-1] < status[0]:
+        # gloo counts every op of the group by its op id, sends and recvs included, and records only the
+        # collectives: the op in flight was issued after the last recorded one, so it is a send or recv.
+        last = _op(dump, name, len(track.indices) - 1)
+        return IssuedOp(name, last.seq, P2P_UNRECORDED, None, last.index, None)
+    return _op(dump, name, len(track.indices) - 1)
+
+
+def _in_unrecorded_group(dump: RankDump, last: IssuedOp) -> IssuedOp | None:
+    """gloo: an op in flight in a group of which the dump holds no entry (its `pg_status` counts it; no entry
+    maps its pg id to a name). gloo records collectives only, so that group ran only sends and recvs (a
+    pipeline's): the rank waits in one of them, for a peer the dump cannot name."""
+    named = set(dump.pg_ids.values())
+    for pg_id, (enqueued, _, completed) in sorted(dump.pg_status.items()):
+        if pg_id not in named and completed < enqueued:
+            return IssuedOp(UNNAMED_GROUP + pg_id, last.seq, P2P_UNRECORDED, None, last.index, None)
+    return None
 
 
 def unrecorded_between(dump: RankDump, name: str) -> list[int]:
@@ -264,9 +287,15 @@ def unrecorded_between(dump: RankDump, name: str) -> list[int]:
 
 
 def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
-    """Idle by its counters, in a job whose steps put unrecorded ops (sends, recvs) between collectives: it
-    is more likely in one of them than in none."""
-    return last is not None and any(unrecorded_between(dump, last.group))
+    """Idle by its counters, in a job whose steps put unrecorded ops (sends, recvs) between collectives, or
+    that has a group of sends and recvs only (a pipeline's, which no entry names): it is more likely in one of
+    them than in none. (gloo's `last_completed` is the op that completed last, so a batch whose send completed
+    before its recv reads as done.)"""
+    if last is None:
+        return False
+    named = set(dump.pg_ids.values())
+    p2p_only = any(pg_id not in named and enqueued > 0 for pg_id, (enqueued, _, _) in dump.pg_status.items())
+    return p2p_only or any(unrecorded_between(dump, last.group))
 
 
 def programs_of(load: LoadResult) -> dict[int, Program]:
@@ -277,10 +306,15 @@ def programs_of(load: LoadResult) -> dict[int, Program]:
 # ------------------------------------------------------------------------------------------------- graph
 
 
-def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
+def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> WaitFor:
     """`members_of(rank, group name)`: the global ranks of that rank's group of that name, one tuple per
     group. The ranks that wait in one op share its set of absent members, computed once per op: at 16k
-    ranks every rank may wait in the same world collective."""
+    ranks every rank may wait in the same world collective.
+
+    `unseen_of(rank, group name)`: for a group whose members the dumps may not all show (a gloo group's
+    members are only the ranks that recorded it; a member that left no dump recorded nothing), the ranks that
+    may be its missing members (those without a dump), else None: where every member shown issued the op a
+    rank still waits in, one of those is missing from it, or, when there are none, a rank no dump names."""
     places: dict[tuple, tuple[frozenset, frozenset]] = {}
 
     def place(rank: int, op: IssuedOp) -> tuple:
@@ -304,10 +338,21 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
                         unknown.append(member)
                     elif reach < op.seq or other.held_before(op):
                         absent.append(member)
+                unseen = unseen_of(rank, op.group) if unseen_of is not None else None
+                if (
+                    not absent
+                    and not unknown
+                    and unseen is not None
+                    and _alike_in(programs, members_of(rank, op.group), op)
+                ):
+                    unknown = list(unseen)
+                    if not unseen:
+                        unaccounted.add(key)  # every member the dumps show issued it alike, and it waits
             places[key] = (frozenset(absent), frozenset(unknown))
         return places[key]
 
     nobody: frozenset = frozenset()
+    unaccounted: set[tuple] = set()
     graph = WaitFor({}, {})
     for rank, program in programs.items():
         if program.waiting is None and program.last is not None and missing(rank, program.last)[0]:
@@ -326,7 +371,25 @@ def wait_for_graph(programs: dict[int, Program], members_of) -> WaitFor:
         graph.edges[rank], graph.unknown[rank] = absent, unknown - {rank}
         if waiting is not None:
             graph.place_of[rank] = place(rank, waiting)
+            if graph.place_of[rank] in unaccounted:
+                graph.unaccounted.add(rank)
     return graph
+
+
+def _alike_in(programs: dict[int, Program], members: tuple[int, ...], op: IssuedOp) -> bool:
+    """Every member with a dump issued the same op (the same comparison key) at op's seq: nothing they recorded
+    keeps it from completing (another op at that seq would: a mismatch, which the groups' comparison names)."""
+    keys = set()
+    for member in members:
+        program = programs.get(member)
+        track = program.dump.tracks.get(op.group) if program is not None else None
+        if track is None:
+            return False
+        at = bisect_left(track.seqs, op.seq)
+        if at >= len(track.seqs) or track.seqs[at] != op.seq:
+            return False
+        keys.add(track.keys[at])
+    return len(keys) == 1
 
 
 def _peer_in(
@@ -408,8 +471,8 @@ def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
     """The sink the waits end in, or the cycle they end in and the rank that departed first."""
     distinct = {id(targets): targets for targets in graph.edges.values() if targets}
     waited = frozenset().union(*distinct.values())
-    if not waited:
-        return graph
+    if not waited:  # nobody waits for a rank with a dump: the waits may end in ranks without one
+        return _ends_without_dump(graph, frozenset(graph.edges))
     sinks = sorted(m for m in waited if programs[m].waiting is None)
     if sinks:
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
@@ -426,12 +489,33 @@ def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
         return graph
     cycle = _deadlocked(graph)
     if not cycle:
-        return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
+        return _ends_without_dump(graph, waited)
+
     graph.kind, graph.cycle = "cycle", cycle
     culprits, decided_by, departure = _first_departure(cycle, programs)
     graph.culprits, graph.decided_by, graph.departure = culprits, decided_by, departure
     if not culprits:
         graph.candidates = cycle
+    return graph
+
+
+def _ends_without_dump(graph: WaitFor, waited: frozenset) -> WaitFor:
+    """The ranks others wait for wait only for members that left no dump: the waits end there. One such rank
+    is the culprit (it died, or hangs where nothing recorded it); several are candidates."""
+    ends = [r for r in waited if not graph.edges.get(r) and graph.unknown.get(r)]
+    if not ends and waited & graph.unaccounted:
+        graph.kind, graph.decided_by = "no_dump", "undecided"
+        graph.departure = {"waiting_for_it": sorted(waited & graph.unaccounted)}
+        return graph  # held by a member no dump names: the dumps cannot say who
+    if not ends:
+        return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
+    missing = sorted(frozenset().union(*(graph.unknown[r] for r in ends)))
+    graph.kind = "no_dump"
+    if len(missing) == 1:
+        graph.culprits, graph.decided_by = missing, "the ranks others wait for wait for it, and it left no dump"
+    else:
+        graph.candidates, graph.decided_by = missing, "undecided"
+    graph.departure = {"waiting_for_it": sorted(ends)}
     return graph
 
 
@@ -538,8 +622,36 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
     if by_history and not by_peers:
         # Every other rank of the cycle kept the order of its earlier steps: the break is this rank's alone.
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
+        new_calls = [own[r][0] for r in by_history if _never_issued(programs[r], own[r][0])]
+        if new_calls and _made_elsewhere(new_calls, programs, set(cycle)):
+            # A call the rank never made before (the end of training's barrier, a checkpoint's first
+            # collective) that ranks outside the cycle made too is a phase every rank enters: the rank may
+            # have entered it in time while its peer issued one op too many or too few before it.
+            decided = "its own program order, with a call it never made before"
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
+
+
+def _made_elsewhere(calls: list[IssuedOp], programs: dict[int, Program], cycle: set[int]) -> bool:
+    """Any rank outside the cycle issued one of these calls (op and call site, on any group): at most a few
+    programs are read, those of distinct shapes."""
+    wanted = {(op.op, op.site) for op in calls}
+    seen: set[tuple] = set()
+    for rank, program in programs.items():
+        if rank in cycle or program.shape in seen:
+            continue
+        seen.add(program.shape)
+        if any((op.op, op.site) in wanted for op in program.ops):
+            return True
+        if len(seen) >= 64:
+            return True  # too many kinds of programs to read: the doubt stands
+    return False
+
+
+def _never_issued(program: Program, op: IssuedOp) -> bool:
+    """`op` (its group, op and call site) appears nowhere before it in the rank's program."""
+    earlier = program.ops[: program.ops.index(op)] if op in program.ops else program.ops
+    return all(other.identity != op.identity for other in earlier)
 
 
 def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], str, dict]:

@@ -39,6 +39,16 @@ def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[i
     return "; ".join(clauses)
 
 
+def _ends(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[int]) -> list[str]:
+    """'rank 3 waits in all_reduce seq 4 of pg 1 for rank 5 (no dump)', one clause per rank."""
+    clauses = []
+    for rank in ranks[:8]:
+        op = programs[rank].waiting
+        what = op.what(label_of(rank, op.group)) if op is not None else "an op"
+        clauses.append(f"rank {rank} waits in {what} for {format_ranks(sorted(graph.unknown[rank]))} (no dump)")
+    return clauses
+
+
 def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> Finding:
     """The graph's verdict as the finding that leads: who departed, with the ops that show it.
 
@@ -59,6 +69,29 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             facts |= {"seq": last[0].seq + 1, "group": label_of(culprits[0], last[0].group)}
             if last[0].site:
                 facts["site"] = last[0].site
+    elif graph.kind == "no_dump":
+        missing = culprits or graph.candidates
+        ends = graph.departure.get("waiting_for_it", [])
+        waits = _waits(graph, programs, label_of, waiting) if waiting else ""
+        ended = "; ".join(_ends(graph, programs, label_of, ends))
+        if not missing:
+            held = format_ranks(ends)
+            message = (
+                f"{held} wait in ops every member the dumps show has issued: a member that left no dump holds "
+                "them, which the dumps cannot name (gloo records no group's members; a rank above the highest "
+                f"that dumped leaves no trace)" + (f"; {waits}" if waits else "")
+            )
+            facts |= {"undecided": True}
+        elif culprits:
+            message = (
+                f"{format_ranks(missing)} left no dump, and the waits end there: {ended}"
+                + (f"; {waits}" if waits else "")
+                + " — it died, exited or hangs where its flight recorder could not dump"
+            )
+        else:
+            message = f"the waits end in ranks that left no dump: {ended} — {format_ranks(missing)} are the candidates"
+            facts |= {"undecided": True, "candidates": missing}
+        kind, evidence_ranks = "fr.missing_dump", ends
     elif graph.kind == "p2p" and culprits:
         rank, detail = culprits[0], graph.departure
         in_p2p = sorted(r for r, p in programs.items() if p.waiting is not None and p.waiting.op == P2P_UNRECORDED)
@@ -132,8 +165,8 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
         facts["waiting_on_it"] = format_ranks(victims)
     evidence = []
     for rank in [*culprits, *(r for r in evidence_ranks if r not in culprits)][:_MAX_EVIDENCE]:
-        program = programs[rank]
-        op = program.waiting or program.last
+        program = programs.get(rank)  # a rank without a dump has no program
+        op = (program.waiting or program.last) if program is not None else None
         if op is None:
             continue
         state = "waits in" if program.waiting is not None else "in no collective; its last op was"

@@ -27,8 +27,8 @@ from torchtriage.collect.discovery import RankProcess, find_ranks, looks_like_py
 from torchtriage.collect.preflight import FIX_CAPABILITY, Preflight, check_ptrace
 from torchtriage.collect.pyspy import ConcurrentRunner, Step, StepResult, find_py_spy, py_spy_version
 from torchtriage.errors import EnvironmentProblem
+from torchtriage.sources.captures import CAPTURE_SUMMARY as SUMMARY_FILE
 
-SUMMARY_FILE = "summary.json"
 SUMMARY_SCHEMA = 1
 DEFAULT_DUMP_TIMEOUT_S = 10.0
 # For record: beyond --duration, the time py-spy gets to attach, and to write its files at the end.
@@ -219,6 +219,10 @@ def capture_stacks(
             ]
         )
     report = ConcurrentRunner(graceful_stop=False).run(lanes, [t.pid for t in targets])
+    processes = [_merge(t, res, folder) for t, res in zip(targets, report.results, strict=True)]
+    left_stopped = list(report.left_stopped)
+    if not native:
+        left_stopped += _native_where_unclear(py_spy, folder, stems, processes, timeout_s)
     result = CaptureResult(
         kind="dump",
         folder=folder,
@@ -228,10 +232,63 @@ def capture_stacks(
         py_spy_version=version,
         preflight=preflight,
         options={"native": native, "timeout_s": timeout_s, "nonblocking": False},
-        processes=[_merge(t, res, folder) for t, res in zip(targets, report.results, strict=True)],
+        processes=processes,
         interrupted=report.interrupted,
     )
-    return _finish(result, report.left_stopped)
+    return _finish(result, left_stopped)
+
+
+def _unclear_places(folder: Path, processes: Sequence[ProcessCapture]) -> dict[tuple, ProcessCapture]:
+    """One process per place where a main thread sits idle in a C call its Python frames do not name (the
+    job's own line: store.get, a socket's recv, .item() waiting for the device, time.sleep; or inside
+    backward): its native frames tell which, and the ranks at the same place take its reading."""
+    from torchtriage.analysis.positions import BACKWARD_OP, classify_frames
+    from torchtriage.errors import InputError
+    from torchtriage.model import RankState
+    from torchtriage.sources.pyspy import read_dump
+
+    unclear = (RankState.SLEEPING, RankState.BLOCKED, RankState.NO_STACK)
+    chosen: dict[tuple, ProcessCapture] = {}
+    for process in sorted(processes, key=lambda p: (p.target.rank is None, p.target.rank or 0)):
+        text = next((name for name in process.files if name.endswith(".txt")), None)
+        if not process.ok or text is None:
+            continue
+        try:
+            (stack,) = read_dump(folder / text)
+        except (InputError, ValueError):
+            continue
+        thread = stack.main_thread()
+        if thread is None or thread.active or any(f.native for f in thread.frames):
+            continue
+        state, op, _ = classify_frames(thread.frames, thread.active)
+        if state in unclear or op == BACKWARD_OP:
+            place = tuple((f.file, f.line, f.function) for f in thread.frames)
+            chosen.setdefault(place, process)
+    return chosen
+
+
+def _native_where_unclear(
+    py_spy: str, folder: Path, stems: dict[int, str], processes: Sequence[ProcessCapture], timeout_s: float
+) -> list[str]:
+    """`py-spy dump --native` of one rank per unclear place (see `_unclear_places`), beside its plain dump. It
+    costs most of a second per process (libtorch's symbols), so it is taken where it decides, once per place."""
+    chosen = list(_unclear_places(folder, processes).values())
+    if not chosen:
+        return []
+    lanes = []
+    for process in chosen:
+        path = folder / f"{stems[process.target.pid]}.native.txt"
+        argv = (py_spy, "dump", "--pid", str(process.target.pid), "--native")
+        lanes.append([Step(argv, timeout_s, stdout_path=path)])
+    report = ConcurrentRunner(graceful_stop=False).run(lanes, [p.target.pid for p in chosen])
+    for process, results in zip(chosen, report.results, strict=True):
+        (result,) = results
+        path = result.step.stdout_path
+        if result.ok and path is not None and path.exists():
+            process.files.append(path.name)
+        elif path is not None and path.exists():
+            path.unlink()  # a native dump that failed says nothing; the plain one stands
+    return list(report.left_stopped)
 
 
 _SAMPLES = re.compile(r"Samples: (\d+) Errors: (\d+)")

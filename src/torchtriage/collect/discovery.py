@@ -25,6 +25,8 @@ from torchtriage.errors import EnvironmentProblem, UsageError
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
 WORLD_SIZE_VARS = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# How many ranks the launcher started on this node: a rank of the node with no process has died or exited.
+LOCAL_WORLD_SIZE_VARS = ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 # A torchrun worker: the agent sets these (and nothing else marks a worker as surely).
 WORKER_VARS = ("RANK", "LOCAL_RANK")
 # A SLURM job step's own job and node: a capture step (`srun --overlap --jobid J`) takes job J's ranks on its
@@ -35,7 +37,13 @@ SLURM_PLACE_VARS = ("SLURM_JOB_ID", "SLURM_NODEID")
 POD_PLACE_VARS = ("HOSTNAME",)
 LAUNCHER_ENV = tuple(
     dict.fromkeys(
-        RANK_VARS + LOCAL_RANK_VARS + WORLD_SIZE_VARS + ("TORCHELASTIC_RUN_ID",) + SLURM_PLACE_VARS + POD_PLACE_VARS
+        RANK_VARS
+        + LOCAL_RANK_VARS
+        + WORLD_SIZE_VARS
+        + LOCAL_WORLD_SIZE_VARS
+        + ("TORCHELASTIC_RUN_ID",)
+        + SLURM_PLACE_VARS
+        + POD_PLACE_VARS
     )
 )
 
@@ -73,12 +81,14 @@ class RankProcess:
     cmdline: tuple[str, ...]
     agent_pid: int | None = None  # the torchrun agent it was found under
     note: str | None = None  # why a field is unknown, e.g. its environment was not readable
+    local_world_size: int | None = None
 
     def to_json(self) -> dict:
         return {
             "rank": self.rank,
             "local_rank": self.local_rank,
             "world_size": self.world_size,
+            "local_world_size": self.local_world_size,
             "pid": self.pid,
             "host": self.host,
             "cmdline": list(self.cmdline),
@@ -158,6 +168,7 @@ def rank_process(facts: ProcessFacts, host: str, agent_pid: int | None = None) -
         rank=first_int(facts.env, RANK_VARS),
         local_rank=first_int(facts.env, LOCAL_RANK_VARS),
         world_size=first_int(facts.env, WORLD_SIZE_VARS),
+        local_world_size=first_int(facts.env, LOCAL_WORLD_SIZE_VARS),
         host=host,
         cmdline=facts.cmdline,
         agent_pid=agent_pid,

@@ -40,10 +40,14 @@ class StackKnowledge:
     dataloader_waits: frozenset[str]
     locks: dict[str, frozenset[str]]  # file suffix -> functions
     native_work_wait: re.Pattern[str]
+    native_p2p_wait: re.Pattern[str]
     native_c10d: re.Pattern[str]
     native_gpu_wait: re.Pattern[str]
     native_lock: re.Pattern[str]
     native_sleep: re.Pattern[str]
+    native_store: re.Pattern[str]
+    native_socket: re.Pattern[str]
+    backward: tuple[str, frozenset[str]] = ("", frozenset())  # (file suffix, functions) of autograd's backward
     raised_in: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = ()  # (path fragments, functions, category)
     raised_as: dict[str, str] = field(default_factory=dict)  # exception type (last dotted name) -> category
 
@@ -89,7 +93,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         read_toml(path),
         path.name,
         {"libraries": TABLE, "collectives": TABLES, "gpu_waits": TABLES, "dataloader": TABLE, "locks": TABLES},
-        {"native": TABLE, "raised_in": TABLES, "raised_as": TABLES},
+        {"native": TABLE, "raised_in": TABLES, "raised_as": TABLES, "backward": TABLE},
     )
     name = path.name
     libraries = check_table(data["libraries"], f"{name} [libraries]", {"packages": STRINGS, "path_patterns": STRINGS})
@@ -131,7 +135,9 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         if entry["category"] not in CATEGORIES:
             raise KnowledgeError(f"{name} [[raised_as]] #{index + 1}: unknown category {entry['category']!r}")
         raised_as |= dict.fromkeys(entry["exceptions"], entry["category"])
-    native_keys = ("work_wait", "c10d", "gpu_wait", "lock", "sleep")
+    backward = check_table(data.get("backward", {"file": "", "functions": []}), f"{name} [backward]",
+                           {"file": STRING, "functions": STRINGS})  # fmt: skip
+    native_keys = ("work_wait", "p2p_wait", "c10d", "gpu_wait", "lock", "sleep", "store", "socket")
     native = check_table(data.get("native", {}), f"{name} [native]", {k: STRING for k in native_keys})
     where = f"{name} [native]"
     return StackKnowledge(
@@ -144,10 +150,14 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         dataloader_waits=frozenset(dataloader["waiting"]),
         locks=locks,
         native_work_wait=_compile(native["work_wait"], where),
+        native_p2p_wait=_compile(native["p2p_wait"], where),
         native_c10d=_compile(native["c10d"], where),
         native_gpu_wait=_compile(native["gpu_wait"], where),
         native_lock=_compile(native["lock"], where),
         native_sleep=_compile(native["sleep"], where),
+        native_store=_compile(native["store"], where),
+        native_socket=_compile(native["socket"], where),
+        backward=(backward["file"], frozenset(backward["functions"])),
         raised_in=tuple(raised_in),
         raised_as=raised_as,
     )

@@ -19,7 +19,6 @@ thread that holds the GIL forever, which no Python thread could observe.
 
 from __future__ import annotations
 
-import dis
 import faulthandler
 import json
 import os
@@ -44,6 +43,7 @@ from torchtriage.protocol import (
     write_whole,
 )
 from torchtriage.protocol import WATCHDOG_STORE_PREFIX as STORE_PREFIX
+from torchtriage.runtime.blocked_call import blocked_call
 
 _REPORT_WAIT_S = 30.0  # how long the reporter waits for the other ranks' files
 _VERDICT_TIMEOUT_S = 120.0  # how long the verdict's analysis may take, in a process of its own
@@ -76,9 +76,9 @@ def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled:
         # py-spy's statuses: a main thread that has not moved for the whole stall window is blocked.
         status = "idle" if stalled and ident == main_ident else "active"
         lines.append(f'Thread {ident:#x} ({status}): "{names.get(ident, "Thread")}"')
-        waiting_in = _c10d_wait_called(frame)
+        waiting_in = blocked_call(frame)
         if waiting_in:
-            lines.append(f"    {waiting_in} (Work.cpp:0)")  # a native frame, as py-spy --native names it
+            lines.append(f"    {waiting_in[0]} ({waiting_in[1]}:0)")  # a native frame, as py-spy --native names it
         for each, lineno in traceback.walk_stack(frame):  # innermost first
             code = each.f_code
             lines.append(f"    {code.co_name} ({code.co_filename}:{lineno})")
@@ -92,33 +92,7 @@ def format_stacks(frames_by_thread: dict[int, object], main_ident: int, stalled:
 # repr is ever called (a tensor's would print it, and on a GPU wait for it).
 _C10D_FILES = ("distributed_c10d.py", "c10d_logger.py")
 _PEER_ARGUMENTS = ("src", "dst", "group_src", "group_dst", "tag")
-
-
-_WAIT_METHODS = ("wait", "synchronize")
-_LOADS = ("LOAD_FAST", "LOAD_NAME", "LOAD_DEREF", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR")
-
-
-def _c10d_wait_called(frame) -> str | None:
-    """`c10d::Work::wait` when the innermost frame is calling `.wait()` on a c10d Work held in a local (the
-    work of an `async_op` collective or of `batch_isend_irecv`): a C method, invisible in a Python stack,
-    where the thread would otherwise look idle in its own code. Read from the instruction the frame stopped at
-    and the type of the local it was called on (no object is touched beyond its type)."""
-    try:
-        instructions = list(dis.get_instructions(frame.f_code))
-        at = next(i for i, ins in enumerate(instructions) if ins.offset >= frame.f_lasti)
-        for j in range(at, max(at - 6, 0), -1):
-            ins = instructions[j]
-            if ins.opname in ("LOAD_METHOD", "LOAD_ATTR") and ins.argval in _WAIT_METHODS:
-                owner = instructions[j - 1]
-                if owner.opname not in _LOADS:
-                    return None
-                kind = type(frame.f_locals.get(owner.argval))
-                if kind.__name__ == "Work" and kind.__module__.startswith("torch"):
-                    return f"c10d::Work::{ins.argval}"
-                return None
-    except Exception:  # noqa: BLE001 - an unusual frame: nothing is said about it
-        return None
-    return None
+_NAME_ARGUMENTS = ("group_name",)  # the group `_new_process_group_helper` creates: c10d's short counter name
 
 
 def _c10d_arguments(frame) -> list[str]:
@@ -143,6 +117,10 @@ def _c10d_arguments(frame) -> list[str]:
         value = values.get(name)
         if type(value) is int:
             shown.append(f"{name}: {value}")
+    for name in _NAME_ARGUMENTS:
+        value = values.get(name)
+        if type(value) is str and len(value) <= 64:
+            shown.append(f'{name}: "{value}"')
     return ["        Locals:", *(f"            {line}" for line in shown)] if shown else []
 
 
@@ -184,6 +162,7 @@ class HangWatchdog:
         # Set by the listener when another rank asks for dumps; None: not started, False: polling instead
         self._requested = threading.Event()
         self._listener: threading.Thread | bool | None = None
+        self._own_store: object | None = None  # see _coordination
 
     # -- public -------------------------------------------------------------------------------
     def progress(self) -> None:
@@ -236,11 +215,12 @@ class HangWatchdog:
         if (stalled or requested) and not self._dumped:
             self._dump(stalled)
             if store is not None:
-                self._announce(store, stalled)
+                self._announce(self._coordination(store), store, stalled)
         if stalled and self.report and not self._reported and store is not None:
             self._reported = True
-            if int(store.add(STORE_PREFIX + "reporter", 1)) == 1:
-                self._write_verdict(store)
+            shared = self._coordination(store)
+            if int(shared.add(STORE_PREFIX + "reporter", 1)) == 1:
+                self._write_verdict(shared)
         elif stalled and self.report and not self._reported and store is None:
             self._reported = True
             self._write_verdict(None)
@@ -349,21 +329,39 @@ class HangWatchdog:
                     return
         self._listener = False
 
-    @staticmethod
-    def _dump_requested(store) -> bool:
+    def _dump_requested(self, store) -> bool:
         try:
-            return bool(store.check([STORE_PREFIX + "dump_request"]))
+            return bool(self._coordination(store).check([STORE_PREFIX + "dump_request"]))
         except Exception:  # noqa: BLE001
             return False
 
-    def _announce(self, store, stalled: bool) -> None:
-        if stalled:
-            store.set(STORE_PREFIX + "dump_request", str(self.rank))
+    def _coordination(self, store):
+        """The store the watchdogs talk through once one stalls: a client of their own to the job's TCPStore,
+        made then. The job's client serves one call at a time, and its main thread may be blocked in it (a
+        store.get for a key nobody set, a new group's rendezvous): the watchdog must not queue behind it. Keys
+        are per torchelastic run and restart. Where the job's store is no TCPStore, the job's store itself."""
+        if self._own_store is None:
+            self._own_store = store
             root = _root_tcp_store(store)
             if root is not None:
+                try:
+                    from torch.distributed import PrefixStore, TCPStore
+
+                    client = TCPStore(root.host, root.port, is_master=False, wait_for_workers=False,
+                                      timeout=timedelta(seconds=60))  # fmt: skip
+                    self._own_store = PrefixStore(_run_prefix(), client)
+                except Exception:  # noqa: BLE001 - the job's own client then, as before
+                    self._own_store = store
+        return self._own_store
+
+    def _announce(self, shared, store, stalled: bool) -> None:
+        if stalled:
+            shared.set(STORE_PREFIX + "dump_request", str(self.rank))
+            root = _root_tcp_store(shared) or _root_tcp_store(store)
+            if root is not None:
                 root.set(wake_key(), str(self.rank))  # every rank's listener wakes
-            store.set(STORE_PREFIX + f"stalled/{self.rank}", "1")
-        store.add(STORE_PREFIX + "dumped", 1)
+            shared.set(STORE_PREFIX + f"stalled/{self.rank}", "1")
+        shared.add(STORE_PREFIX + "dumped", 1)
 
     def _write_verdict(self, store) -> None:
         expected = self.world_size or 1
@@ -402,12 +400,16 @@ _LISTEN_FOR = timedelta(days=30)  # one wait; a wait that times out logs a warni
 _LISTEN_ATTEMPTS = 3
 
 
-def wake_key() -> str:
-    """The key a stalled rank sets to wake every listener, in the root of the job's store: per torchelastic
-    run and restart, so a request of an earlier attempt does not fire in the next."""
+def _run_prefix() -> str:
+    """Per torchelastic run and restart: a request of an earlier attempt does not fire in the next."""
     run = os.environ.get("TORCHELASTIC_RUN_ID", "")
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"{STORE_PREFIX}{run}/{restart}/wake"
+    return f"{STORE_PREFIX}{run}/{restart}/"
+
+
+def wake_key() -> str:
+    """The key a stalled rank sets to wake every listener, in the root of the job's store."""
+    return f"{_run_prefix()}wake"
 
 
 def _root_tcp_store(store):

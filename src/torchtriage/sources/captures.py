@@ -1,0 +1,78 @@
+"""What a live capture found on its node: `summary.json` of `torchtriage dump` / `diagnose --pid`.
+
+The capture lists every rank process it found (rank, local rank, pid, host) with the launcher's counts from
+each process's environment (WORLD_SIZE, LOCAL_WORLD_SIZE). A launcher numbers a node's ranks in one block
+(torchrun: the node's first rank plus LOCAL_RANK), so the ranks the node should run are that block: a rank of
+the block with no process has died or exited. Ranks of other nodes were never looked for, and are not gone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torchtriage.sources import limits
+from torchtriage.sources.fields import as_int, strict_json
+from torchtriage.sources.streams import read_whole
+
+CAPTURE_SCHEMA = "torchtriage.dump"
+CAPTURE_SUMMARY = "summary.json"  # what collect.capture writes
+
+
+@dataclass(frozen=True)
+class NodeCapture:
+    path: str
+    host: str
+    pids: dict[int, int]  # rank -> pid, of the processes found
+    expected: frozenset[int]  # the ranks the launcher started on this node, as far as the counts say
+    world_size: int | None
+
+
+def read_capture(path: str) -> NodeCapture | None:
+    """The capture's node and ranks, or None when the file is not a capture summary (or cannot be read)."""
+    try:
+        data, _ = read_whole(path, "the capture summary")
+        summary = strict_json(data)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("schema") != CAPTURE_SCHEMA:
+        return None
+    processes = [p for p in summary.get("processes") or [] if isinstance(p, dict)]
+    top = limits.active().rank  # a crafted count must not make a block of a billion ranks
+    pids, bases, local_sizes, world = {}, set(), set(), None
+    for process in processes:
+        rank, local = as_int(process.get("rank"), None, 0, top), as_int(process.get("local_rank"), None, 0, top)
+        if rank is None:
+            continue
+        pids[rank] = as_int(process.get("pid"), -1)
+        if local is not None and local <= rank:
+            bases.add(rank - local)
+        local_sizes.add(as_int(process.get("local_world_size"), None, 1, top + 1))
+        world = as_int(process.get("world_size"), None, 1, top + 1) or world
+    host = str(summary.get("host") or "this node")
+    return NodeCapture(path, host, pids, _expected(pids, bases, local_sizes), world)
+
+
+def _expected(pids: dict[int, int], bases: set[int], local_sizes: set[int | None]) -> frozenset[int]:
+    """The node's block of ranks: from its first rank and LOCAL_WORLD_SIZE when every process agrees on them;
+    else only the ranks between the lowest and highest found (a gap in a block is a rank of the node)."""
+    if not pids:
+        return frozenset()
+    if len(bases) == 1 and len(local_sizes) == 1 and None not in local_sizes:
+        (base,), (size,) = bases, local_sizes
+        return frozenset(range(base, min(base + size, limits.active().rank + 1))) | frozenset(pids)
+    return frozenset(range(min(pids), max(pids) + 1))
+
+
+def gone_ranks(captures: list[NodeCapture]) -> dict[int, str]:
+    """Rank -> why it is taken to have no process: a rank of a captured node's block that no capture found."""
+    found = {rank for capture in captures for rank in capture.pids}
+    gone: dict[int, str] = {}
+    for capture in captures:
+        for rank in sorted(capture.expected - found):
+            gone[rank] = f"no process on {capture.host}, which runs ranks {_span(capture.expected)}"
+    return gone
+
+
+def _span(ranks: frozenset[int]) -> str:
+    low, high = min(ranks), max(ranks)
+    return f"{low}-{high}" if high > low else str(low)

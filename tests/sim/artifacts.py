@@ -1,0 +1,459 @@
+"""The files a hung job leaves, written from a simulation as real ones are laid out.
+
+- flight-recorder dumps: torch's pickle (`_dump_nccl_trace` / `_dump_fr_trace`), version 2.10: NCCL's with
+  `pg_config` (name, desc, ranks) and sends, recvs and `coalesced` markers; gloo's with collectives only,
+  the op ids of its sends and recvs skipped, every entry `scheduled`, a nameless `pg_config` placeholder;
+  `pg_status` keyed by the process-local pg id; a ring buffer that may have dropped the oldest entries;
+- stacks: `py-spy dump` text (short file names, native frames with --native) and `--json --locals`, as
+  `torchtriage diagnose --pid` captures them beside its `summary.json`; or the hang watchdog's own text
+  form (full paths, the c10d call's arguments), as `torchtriage run` leaves them in `hang/`;
+- logs: NCCL's watchdog timeout line of every rank whose op timed out.
+
+`Layout` says which of these a case writes: what a user has after `diagnose --pid` (bare), after
+`torchtriage run` (armed), or from a scheduler's folder (dumps and logs).
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import random
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .engine import Outcome, RankRun, Record, Wait
+from .frames import LOGGER, TORCH, call_frames, short, waiting_frames
+from .program import Program
+
+VERSION = "2.10"
+PID_BASE = 4100
+PYTHON = "/opt/venv/bin/python3"
+
+
+@dataclass(frozen=True)
+class Layout:
+    stacks: str | None  # "pyspy" (diagnose --pid), "watchdog" (torchtriage run), or None
+    dumps: bool
+    logs: bool = False  # NCCL's timeout lines (the job ran past its timeout)
+    native: bool = False  # py-spy --native
+    buffer: int = 2000  # the flight recorder's ring buffer (entries)
+    item_sync: bool = False  # the step reads its loss (.item()) rather than calling torch.cuda.synchronize()
+
+    @property
+    def name(self) -> str:
+        parts = [self.stacks or "no-stacks", "dumps" if self.dumps else "", "logs" if self.logs else ""]
+        return "+".join(p for p in parts if p) + ("+native" if self.native else "")
+
+
+LAYOUTS = {
+    "bare": Layout("pyspy", False),
+    "armed": Layout("watchdog", True),
+    "dumps": Layout(None, True),
+    "full": Layout("pyspy", True, logs=True),
+}
+
+
+def draw_layout(rng: random.Random, backend: str, name: str) -> Layout:
+    base = LAYOUTS[name]
+    native = base.stacks == "pyspy" and rng.random() < 0.5
+    buffer = rng.choice((2000, 2000, 2000, rng.randint(6, 24)))
+    logs = base.logs and backend == "nccl"
+    return Layout(base.stacks, base.dumps, logs, native, buffer, backend == "nccl" and rng.random() < 0.4)
+
+
+def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout: Layout, rng: random.Random) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    alive = [r for r, run in sorted(outcome.ranks.items()) if run.wait is not None and run.wait.kind not in _GONE]
+    if layout.dumps:
+        where = folder / ("hang/fr" if layout.stacks == "watchdog" else "fr")
+        where.mkdir(parents=True, exist_ok=True)
+        for rank in alive:
+            dump = fr_dump(program, outcome.ranks[rank], backend, layout.buffer)
+            (where / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump, protocol=4))
+    if layout.stacks == "pyspy":
+        places: set[tuple] = set()
+        for rank in alive:
+            threads = _threads(program, outcome.ranks[rank], backend, layout, rng)
+            (folder / f"rank{rank:02d}.txt").write_text(pyspy_text(rank, threads, layout.native))
+            (folder / f"rank{rank:02d}.json").write_text(json.dumps(pyspy_json(rank, threads, layout.native)))
+            main = threads[0]
+            if not layout.native and _unclear(main) and (place := (tuple(main.python), main.active)) not in places:
+                # As `diagnose --pid` does: --native once per place where the Python frames do not name the call.
+                places.add(place)
+                main = _main_thread(program, outcome.ranks[rank], backend, replace(layout, native=True))
+                native = [main, *threads[1:]]
+                (folder / f"rank{rank:02d}.native.txt").write_text(pyspy_text(rank, native, True))
+        (folder / "summary.json").write_text(json.dumps(_summary(program, alive), indent=1))
+    elif layout.stacks == "watchdog":
+        hang = folder / "hang"
+        hang.mkdir(parents=True, exist_ok=True)
+        for rank in alive:
+            threads = _threads(program, outcome.ranks[rank], backend, layout, rng, watchdog=True)
+            (hang / f"rank{rank:02d}.txt").write_text(watchdog_text(rank, threads))
+    if layout.logs:
+        for rank in alive:
+            lines = timeout_lines(program, outcome.ranks[rank], backend)
+            (folder / f"rank{rank}.log").write_text("".join(lines) or f"[rank{rank}]: step {program.steps}\n")
+
+
+_GONE = ("dead", "exited")
+
+
+# ------------------------------------------------------------------------------------------ flight recorder
+
+
+def _state(record: Record, run: RankRun, backend: str) -> str:
+    if backend != "nccl":
+        return "scheduled"
+    frozen = run.frozen_from is not None and record.record_id >= run.frozen_from
+    batched_op = record.is_p2p and record.action.kind == "batch"
+    if record.done and not frozen and not batched_op:
+        return "completed"
+    return "scheduled"
+
+
+def _frames(record: Record) -> list[dict]:
+    if not record.python:
+        return []
+    if record.action.kind == "batch":
+        inner = None if record.name == "coalesced" else record.name
+        frames = call_frames(record.action, in_batch=inner)
+    else:
+        frames = call_frames(record.action, record.part)
+    return [{"name": f, "filename": file, "line": line} for f, file, line in frames]
+
+
+def _profiling_name(record: Record, backend: str) -> str:
+    if record.name == "send":
+        return f"{backend}:send {record.src}->{record.dst}"
+    if record.name == "recv":
+        return f"{backend}:recv {record.dst}<-{record.src}"
+    return f"{backend}:{record.name}"
+
+
+def fr_dump(program: Program, run: RankRun, backend: str, buffer: int) -> dict:
+    mesh = program.mesh
+    entries = []
+    for record in run.records[-buffer:]:
+        state = _state(record, run, backend)
+        created = 1_796_000_000_000_000_000 + record.record_id * 1_000_000 + run.rank * 977
+        entries.append(
+            {
+                "record_id": record.record_id,
+                "pg_id": mesh.pg_id(run.rank, record.group),
+                "process_group": (record.group.name, record.group.desc),
+                "thread_name": "python3" if record.python else "pt_autograd_0",
+                "thread_id": str(140000000000000 + run.rank * 4096 + (0 if record.python else 1)),
+                "collective_seq_id": record.seq,
+                "p2p_seq_id": record.p2p_seq,
+                "op_id": record.op_id,
+                "profiling_name": _profiling_name(record, backend),
+                "time_created_ns": created,
+                "input_sizes": record.input_sizes,
+                "input_dtypes": record.dtypes,
+                "output_sizes": record.output_sizes,
+                "output_dtypes": record.dtypes,
+                "state": state,
+                "time_discovered_started_ns": None,
+                "time_discovered_completed_ns": created + 500_000 if state == "completed" else None,
+                "retired": record.done,
+                "timeout_ms": 600000,
+                "is_p2p": record.is_p2p,
+                "frames": _frames(record),
+            }
+        )
+    return {
+        "version": VERSION,
+        "pg_config": _pg_config(program, run.rank, backend),
+        "comm_lib_version": "2.28.9" if backend == "nccl" else "",
+        "pg_status": _pg_status(program, run, backend),
+        "entries": entries,
+    }
+
+
+def _pg_config(program: Program, rank: int, backend: str) -> dict:
+    if backend != "nccl":
+        return {"": {"name": "", "desc": "", "ranks": "[]"}}  # gloo records no groups
+    return {g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.ranks))} for g in program.mesh.groups_of(rank)}
+
+
+def _pg_status(program: Program, run: RankRun, backend: str) -> dict:
+    status = {}
+    ops = sorted(run.records + run.hidden, key=lambda r: (r.op_id, r.record_id))
+    for group in program.mesh.groups_of(run.rank):
+        mine = [r for r in ops if r.group.name == group.name and r.name != "coalesced"]
+        if backend == "nccl":
+            recorded = [r for r in run.records if r.group.name == group.name]
+            completed = [r for r in recorded if _state(r, run, backend) == "completed" or (r.done and r.is_p2p)]
+            frozen = run.frozen_from
+            completed = [r for r in completed if frozen is None or r.record_id < frozen]
+            last_done = completed[-1] if completed else None
+            enqueued = run.seq.get(group.name, -1)  # ProcessGroupStatus starts at -1 (no op enqueued)
+            done_seq = (last_done.p2p_seq if last_done.is_p2p else last_done.seq) if last_done else -1
+        else:  # gloo counts every op, p2p included, by op id
+            enqueued = mine[-1].op_id if mine else -1
+            done_ids = [r.op_id for r in mine if r.done]
+            done_seq = max(done_ids) if done_ids else -1
+        status[str(program.mesh.pg_id(run.rank, group))] = {
+            "last_enqueued_collective": enqueued,
+            "last_started_collective": -1,
+            "last_completed_collective": done_seq,
+        }
+    return status
+
+
+# ------------------------------------------------------------------------------------------------- stacks
+
+
+@dataclass
+class Thread:
+    name: str
+    ident: int
+    active: bool
+    python: list  # (function, file, line), innermost first
+    native: list  # symbols above the innermost Python frame
+    locals_at: dict  # index of a Python frame -> [(name, repr, is_argument)]
+    blocked: tuple | None = None  # the C call the watchdog reads from the frame (runtime/blocked_call.py)
+
+
+# What the hang watchdog names of the C call a main thread waits in (its own reading of the frame).
+_BLOCKED = {
+    "store": ("c10d::PrefixStore::get", "Store.cpp"),
+    "socket": ("sock_recv", "socketmodule.c"),
+    "sleep": ("time_sleep", "timemodule.c"),
+    "lock": ("lock_PyThread_acquire_lock", "_threadmodule.c"),
+    "join": ("lock_PyThread_acquire_lock", "_threadmodule.c"),
+    "queue": ("lock_PyThread_acquire_lock", "_threadmodule.c"),
+    "dataloader": ("lock_PyThread_acquire_lock", "_threadmodule.c"),
+    "item": ("at::native::_local_scalar_dense", "Scalar.cpp"),
+}
+
+
+def _main_thread(program: Program, run: RankRun, backend: str, layout: Layout) -> Thread:
+    wait: Wait = run.wait
+    ident = PID_BASE + run.rank
+    action = wait.action
+    locals_at: dict = {}
+    if wait.kind == "op" or wait.kind == "init":
+        python = call_frames(action, action.part)
+        native_kind = "nccl_init" if wait.kind == "init" else ("gloo_wait" if backend != "nccl" else "sync")
+        native = waiting_frames(native_kind, action.site)[1]
+        locals_at = _call_locals(action, python)
+        active = False
+    elif wait.kind == "backward":
+        python = call_frames(action)
+        native = waiting_frames("backward_wait", action.site)[1]
+        active = False
+    else:
+        kind = {"sync": "item" if layout.item_sync else "sync", "store": "store"}.get(wait.kind, wait.detail)
+        python, native, active = waiting_frames(kind, action.site)
+        blocked = _BLOCKED.get(kind)
+        return Thread("MainThread", ident, active, python, native if layout.native else [], locals_at, blocked)
+    return Thread("MainThread", ident, active, python, native if layout.native else [], locals_at)
+
+
+def _call_locals(action, python) -> dict:
+    """What py-spy --locals shows of the c10d call: the wrapper's args and kwargs, a send's dst, a recv's src."""
+    found = {}
+    for i, (function, file, _) in enumerate(python):
+        if file.endswith("c10d_logger.py"):
+            world = action.group is not None and action.group.dim == "world"
+            kwargs = "{}" if world else '{"group": <torch.distributed.distributed_c10d.ProcessGroup at 0x7f3a2c>}'
+            found[i] = [("args", "(<torch.Tensor at 0x7f3a10>,)", True), ("kwargs", kwargs, True)]
+        elif function in ("send", "isend") and action.peer is not None:
+            found[i] = [("dst", str(action.peer), True)]
+        elif function in ("recv", "irecv") and action.peer is not None:
+            found[i] = [("src", str(action.peer), True)]
+    return found
+
+
+_BENIGN = (
+    ("pin_memory", [("wait", "/usr/lib/python3.11/threading.py", 331), ("get", "/usr/lib/python3.11/queue.py", 180),
+                    ("do_one_step", f"{TORCH}/utils/data/_utils/pin_memory.py", 30)]),
+    ("Thread-1 (_monitor)", [("wait", "/usr/lib/python3.11/threading.py", 331),
+                             ("run", "/srv/venv/tqdm/_monitor.py", 60)]),
+)  # fmt: skip
+
+
+def _threads(program: Program, run: RankRun, backend: str, layout: Layout, rng, watchdog: bool = False) -> list:
+    threads = [_main_thread(program, run, backend, layout)]
+    for k, (name, frames) in enumerate(_BENIGN):
+        if rng.random() < 0.4:
+            threads.append(Thread(name, PID_BASE + 100 + k, False, list(frames), [], {}))
+    if watchdog:
+        frames = [("_dump", "/opt/venv/lib/python3.11/site-packages/torchtriage/runtime/watchdog.py", 277)]
+        threads.append(Thread("torchtriage-watchdog", PID_BASE + 200, True, frames, [], {}))
+    return threads
+
+
+def _unclear(thread: Thread) -> bool:
+    """Idle where its Python frames do not name the call it waits in: the innermost frame is the job's own
+    (a C call under it: store.get, recv, .item(), time.sleep, a lock) or autograd's backward."""
+    if thread.active or not thread.python:
+        return not thread.active
+    innermost = thread.python[0]
+    return innermost[1].startswith("/srv/job/") or innermost[0] == "_engine_run_backward"
+
+
+def _status(thread: Thread) -> str:
+    return "active" if thread.active else "idle"
+
+
+def pyspy_text(rank: int, threads: list[Thread], native: bool) -> str:
+    pid = PID_BASE + rank
+    lines = [f"Process {pid}: {PYTHON} -u /srv/job/train.py", f"Python v3.11.7 ({PYTHON})", ""]
+    for thread in threads:
+        lines.append(f'Thread {thread.ident} ({_status(thread)}): "{thread.name}"')
+        for symbol in thread.native:
+            lines.append(f"    {symbol} ({_library(symbol)})")
+        for function, file, line in thread.python:
+            lines.append(f"    {function} ({short(file)}:{line})")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def pyspy_json(rank: int, threads: list[Thread], native: bool) -> list[dict]:
+    pid = PID_BASE + rank
+    found = []
+    for thread in threads:
+        frames = [_json_frame(symbol, _library(symbol), 0, True, None) for symbol in thread.native]
+        for i, (function, file, line) in enumerate(thread.python):
+            shown = [{"name": n, "addr": 0, "arg": a, "repr": r} for n, r, a in thread.locals_at.get(i, [])]
+            frames.append(_json_frame(function, file, line, False, shown or None))
+        found.append(
+            {
+                "pid": pid,
+                "thread_id": 139900000000000 + thread.ident,
+                "thread_name": thread.name,
+                "os_thread_id": thread.ident,
+                "active": thread.active,
+                "owns_gil": False,
+                "frames": frames,
+                "process_info": None,
+            }
+        )
+    return found
+
+
+def _json_frame(name: str, file: str, line: int, native: bool, locals_: list | None) -> dict:
+    return {
+        "name": name,
+        "filename": file,
+        "module": file if native else None,
+        "short_filename": file if native else short(file),
+        "line": line,
+        "locals": locals_,
+        "is_entry": False,
+        "is_shim_entry": False,
+    }
+
+
+def _library(symbol: str) -> str:
+    if symbol.startswith(("cuda", "cu")):
+        return "libcudart.so.12"
+    if symbol.startswith(("c10d::", "at::", "c10::", "torch::")):
+        return "libtorch_cpu.so"
+    if symbol.startswith("nccl"):
+        return "libnccl.so.2"
+    if symbol.startswith(("sock_", "lock_", "acquire_", "PyThread", "pysleep", "time_sleep")):
+        return "python3.11"
+    return "libc.so.6"
+
+
+def watchdog_text(rank: int, threads: list[Thread]) -> str:
+    """The hang watchdog's form: full paths, every thread, the c10d call's arguments as type names."""
+    pid = PID_BASE + rank
+    lines = [f"Process {pid}: /srv/job/train.py", f"Python v3.11.7 ({PYTHON})", ""]
+    for thread in threads:
+        status = "idle" if thread.name == "MainThread" else "active"
+        lines.append(f'Thread {thread.ident:#x} ({status}): "{thread.name}"')
+        if thread.blocked is not None:
+            lines.append(f"    {thread.blocked[0]} ({thread.blocked[1]}:0)")
+        for i, (function, file, line) in enumerate(thread.python):
+            lines.append(f"    {function} ({file}:{line})")
+            shown = thread.locals_at.get(i)
+            if shown:
+                lines.append("        Locals:")
+                for name, value, _ in shown:
+                    if name == "args":
+                        value = "(<Tensor>)"
+                    elif name == "kwargs":
+                        value = "{}" if value == "{}" else '{"group": <ProcessGroup>}'
+                    lines.append(f"            {name}: {value}")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _summary(program: Program, alive: list[int]) -> dict:
+    """`diagnose --pid`'s summary.json: one entry per process it captured (the world size from its environment)."""
+    return {
+        "schema": "torchtriage.dump",
+        "schema_version": 1,
+        "kind": "dump",
+        "host": "node-a",
+        "ok": True,
+        "processes": [
+            {
+                "rank": rank,
+                "local_rank": rank,
+                "world_size": program.mesh.size,
+                "local_world_size": program.mesh.size,
+                "pid": PID_BASE + rank,
+                "host": "node-a",
+                "cmdline": [PYTHON, "-u", "/srv/job/train.py"],
+                "ok": True,
+                "error": None,
+                "files": [f"rank{rank:02d}.txt", f"rank{rank:02d}.json"],
+            }
+            for rank in alive
+        ],
+    }
+
+
+# --------------------------------------------------------------------------------------------------- logs
+
+_OP_TYPES = {
+    "all_reduce": "ALLREDUCE",
+    "all_reduce_barrier": "ALLREDUCE",
+    "_all_gather_base": "_ALLGATHER_BASE",
+    "all_gather": "ALLGATHER",
+    "_reduce_scatter_base": "_REDUCE_SCATTER_BASE",
+    "broadcast": "BROADCAST",
+    "all_to_all": "ALLTOALL_BASE",
+    "send": "SEND",
+    "recv": "RECV",
+    "coalesced": "COALESCED",
+}
+
+
+def timeout_lines(program: Program, run: RankRun, backend: str) -> list[str]:
+    """ProcessGroupNCCL's watchdog line for the rank's first op that never completed (logPrefix, then
+    `WorkNCCL(...)`'s fields), as glog prints it under torchrun's `[rankN]:` prefix."""
+    if backend != "nccl":
+        return []
+    pending = next((r for r in run.records if not r.done and r.name != "coalesced"), None)
+    if pending is None:
+        return []
+    group = pending.group
+    uid = program.mesh.pg_id(run.rank, group)
+    numel_in = sum(s[0] if s else 1 for s in pending.input_sizes) if pending.input_sizes else 0
+    numel_out = 1
+    for s in pending.output_sizes[:1]:
+        for d in s:
+            numel_out *= d
+    seq = pending.p2p_seq if pending.is_p2p else pending.seq
+    prefix = f"[PG ID {uid} PG GUID {group.name}({group.desc}) Rank {group.local(run.rank)}] "
+    work = (
+        f"WorkNCCL(SeqNum={seq}, OpType={_OP_TYPES.get(pending.name, pending.name.upper())}, "
+        f"NumelIn={numel_in}, NumelOut={numel_out}, Timeout(ms)=600000)"
+    )
+    stamp = f"E1203 10:21:{run.rank % 60:02d}.123456000 {PID_BASE + run.rank}"
+    head = f"[rank{run.rank}]:[{stamp} ProcessGroupNCCL.cpp:688] "
+    return [
+        f"[rank{run.rank}]: step {program.steps} loss 2.31\n",
+        head + prefix + f"Watchdog caught collective operation timeout: {work} ran for 600021 milliseconds "
+        "before timing out.\n",
+    ]
+
+
+__all__ = ["LAYOUTS", "Layout", "draw_layout", "write", "LOGGER"]

@@ -1,0 +1,110 @@
+"""Hang verdicts on programs nobody wrote a fixture for: seeded SPMD jobs from the simulator (tests/sim).
+
+Each case is a random mesh and step program, one rank departing from it in one of the ways real jobs hang,
+played under gloo's or NCCL's semantics until it deadlocks, and the artifacts a real job leaves (py-spy
+dumps beside `diagnose --pid`'s summary, the watchdog's stacks and dumps, flight-recorder dumps and NCCL's
+timeout lines) written to a folder that `torchtriage diagnose` reads as a user's. The simulator knows who
+departed; the analysis only what was left behind.
+
+CI runs a sample (TORCHTRIAGE_SIM_CASES, 1000 by default, about half a minute) and every seed that ever failed
+(`sim/regressions.txt`); `benchmarks/sim_hangs.py` runs the long sample and prints the confusion per family
+and backend and the calibration of each confidence level.
+"""
+
+import os
+import random
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from sim.case import make, score
+from sim.departures import schedule
+from sim.engine import Engine
+from sim.program import generate
+from torchtriage.analysis.postmortem import analyse_run, gather
+
+SAMPLE = int(os.environ.get("TORCHTRIAGE_SIM_CASES", "1000"))
+REGRESSIONS = Path(__file__).parent / "sim" / "regressions.txt"
+
+
+def regression_seeds() -> list[int]:
+    lines = REGRESSIONS.read_text().splitlines() if REGRESSIONS.exists() else []
+    return [int(line.split("#", 1)[0]) for line in lines if line.split("#", 1)[0].strip()]
+
+
+def diagnose(case) -> dict:
+    with tempfile.TemporaryDirectory() as folder:
+        case.write(Path(folder))
+        return analyse_run(gather([folder])).verdict.to_json()
+
+
+@pytest.fixture(scope="module")
+def scored():
+    seeds = sorted(set(range(SAMPLE)) | set(regression_seeds()))
+    results = []
+    for seed in seeds:
+        case = make(seed)
+        if case is not None:
+            results.append((case, score(case, diagnose(case))))
+    return results
+
+
+def _listed(rows) -> str:
+    return "\n".join(f"{case.describe()} -> {s.outcome} {s.confidence}: named {s.named}" for case, s in rows[:12])
+
+
+def test_no_verdict_at_high_confidence_names_anyone_but_the_culprit(scored):
+    bad = [(case, s) for case, s in scored if s.confidence == "high" and s.outcome != "right"]
+    assert not bad, _listed(bad)
+
+
+def test_medium_confidence_is_right_nine_times_in_ten(scored):
+    named = [(case, s) for case, s in scored if s.confidence == "medium" and s.named]
+    right = sum(s.outcome == "right" for _, s in named)
+    assert named and right / len(named) >= 0.9, _listed([row for row in named if row[1].outcome != "right"])
+
+
+def test_a_culprit_named_at_any_confidence_is_mostly_the_culprit(scored):
+    """Never a healthy rank alone: what is named, at any level, holds the culprit (a small residue remains,
+    listed in docs/flight-recorder.md's table)."""
+    named = [(case, s) for case, s in scored if s.named]
+    wrong = [(case, s) for case, s in named if s.outcome == "wrong"]
+    assert len(wrong) <= 0.02 * len(named), _listed(wrong)
+
+
+def test_where_a_stack_shows_the_culprit_outside_any_collective_it_is_named(scored):
+    shown = [(case, s) for case, s in scored if case.truth.visible_by in ("stack", "absence")]
+    missed = [(case, s) for case, s in shown if s.outcome != "right"]
+    assert shown and len(missed) <= 0.05 * len(shown), _listed(missed)
+
+
+def test_the_culprits_line_is_its_own_departure_point(scored):
+    lines = [(case, s) for case, s in scored if s.line is not None]
+    wrong = [(case, s) for case, s in lines if not s.line]
+    assert lines and len(wrong) <= 0.2 * len(lines), _listed(wrong)
+
+
+def test_the_sample_covers_every_family_and_backend(scored):
+    families = Counter((case.departure.kind, case.backend) for case, _ in scored)
+    for kind in ("skip", "extra", "swap", "world_for_subgroup", "subgroup_barrier", "early_exit", "exit", "die"):
+        for backend in ("gloo", "nccl"):
+            assert families[(kind, backend)] >= 5, (kind, backend, families)
+    assert families[("wedge", "nccl")] >= 5 and families[("stuck", "gloo")] >= 5
+
+
+# --- the simulator itself ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_every_generated_program_runs_to_its_end_when_no_rank_departs(backend):
+    for seed in range(200):
+        program = generate(random.Random(seed), backend)
+        outcome = Engine(backend, schedule(program, None), program.eager_init, program.mismatch_completes).run()
+        assert outcome.finished, (seed, program.mesh.dims)
+
+
+def test_the_truth_names_the_culprit_among_its_candidates(scored):
+    for case, _ in scored:
+        assert case.truth.culprit in case.truth.candidates, case.describe()
