@@ -791,9 +791,16 @@ def assess_dumps(load: LoadResult) -> Assessment:
         culprits = list(graph.culprits)
         confidence = _GRAPH_CONFIDENCE.get(graph.decided_by, "medium") if culprits else "low"
     unrecorded = _may_wait_unrecorded(culprits, programs, groups, dumps)
+    unrecorded_candidates: list[int] = []
     if unrecorded:
         findings.append(_unrecorded_finding(unrecorded))
         confidence = "medium" if confidence == "high" else confidence
+        waiting_for_them = {r for r, t in graph.edges.items() if t & set(culprits)}
+        if set(unrecorded) >= set(culprits) and graph.kind == "sink" and len(culprits) >= len(waiting_for_them):
+            # Each "rank in no op" may be blocked creating a communicator, waiting for the very ranks that wait
+            # for it, and they are not fewer than those: the dumps cannot tell which departed. Its stack can.
+            unrecorded_candidates = sorted(set(culprits) | waiting_for_them)
+            culprits, confidence = [], "low"
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
     if not culprits and not graph_leads and all_missing and compared and _present_ranks_wait(groups, dumps):
         findings.append(_missing_dump(all_missing))
@@ -824,6 +831,11 @@ def assess_dumps(load: LoadResult) -> Assessment:
             blaming.blames = True
             if where is not None:
                 blaming.facts["site"] = str(where[1])
+    if unrecorded_candidates:
+        facts["candidates"] = unrecorded_candidates
+        findings[0].blames, findings[0].role = False, "symptom"
+        findings[0].facts |= {"undecided": True, "candidates": unrecorded_candidates}
+        blaming = None
     if graph_leads:
         summary = findings[0].message
     else:
@@ -924,11 +936,27 @@ def _may_wait_unrecorded(
             if (track is None or not track.seqs) and (status is None or status[0] < 0):
                 group = groups.get(_group_key(dump, name))
                 unused.append(f"the first collective of {group.label if group is not None else f'pg {name}'}")
-        if uses_p2p:
+        if uses_p2p and _peers_never_met(rank, dump, groups):
             unused.append("a first send/recv to a peer")
         if unused:
             found[rank] = unused
     return found
+
+
+def _peers_never_met(rank: int, dump: RankDump, groups: dict) -> bool:
+    """Whether a member of one of the rank's groups has exchanged no recorded send or recv with it: a first
+    send/recv to that peer would create their pair's communicator, unrecorded until it exists."""
+    met, members = set(), set()
+    for name in {*dump.tracks, *dump.p2p, *dump.pg_config}:
+        group = groups.get(_group_key(dump, name))
+        if group is None:
+            return True  # a group whose members are not known: any peer may be new
+        members |= set(group.members)
+        for record in dump.p2p.get(name, ()):
+            for local in (record.src, record.dst):
+                if 0 <= local < len(group.members):
+                    met.add(group.members[local])
+    return bool(members - met - {rank})
 
 
 def _unrecorded_finding(unrecorded: dict[int, list[str]]) -> Finding:

@@ -240,8 +240,8 @@ def first_pending(dump: RankDump) -> IssuedOp | None:
 
 
 def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp | None:
-    if last is None:
-        return None
+    if last is None:  # no collective recorded: gloo may still count a send or recv in flight
+        return None if stateful else _in_unrecorded_group(dump, None)
     if stateful:
         return first_pending(dump)
     # Gloo: the groups whose pg_status counts more ops enqueued than completed have one in flight.
@@ -265,15 +265,29 @@ def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp 
     return _op(dump, name, len(track.indices) - 1)
 
 
-def _in_unrecorded_group(dump: RankDump, last: IssuedOp) -> IssuedOp | None:
+def _in_unrecorded_group(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
     """gloo: an op in flight in a group of which the dump holds no entry (its `pg_status` counts it; no entry
     maps its pg id to a name). gloo records collectives only, so that group ran only sends and recvs (a
     pipeline's): the rank waits in one of them, for a peer the dump cannot name."""
-    named = set(dump.pg_ids.values())
-    for pg_id, (enqueued, _, completed) in sorted(dump.pg_status.items()):
-        if pg_id not in named and completed < enqueued:
-            return IssuedOp(UNNAMED_GROUP + pg_id, last.seq, P2P_UNRECORDED, None, last.index, None)
+    for pg_id, (enqueued, _, completed) in _p2p_only_groups(dump):
+        if completed < enqueued:
+            return _unrecorded_op(pg_id, last)
     return None
+
+
+def _p2p_only_groups(dump: RankDump) -> list[tuple[str, tuple[int, int, int]]]:
+    """The groups a gloo dump counts ops of (`pg_status`) but holds no entry of: groups of sends and recvs. Only
+    gloo's dumps (whose `pg_config` names no group): an NCCL dump without entries is an onlyActive one, whose
+    counters stand for the collectives it no longer holds."""
+    if dump.pg_config:
+        return []
+    named = set(dump.pg_ids.values())
+    return [(pg_id, status) for pg_id, status in sorted(dump.pg_status.items()) if pg_id not in named and status[0] > 0]
+
+
+def _unrecorded_op(pg_id: str, last: IssuedOp | None) -> IssuedOp:
+    seq, index = (last.seq, last.index) if last is not None else (0, -1)
+    return IssuedOp(UNNAMED_GROUP + pg_id, seq, P2P_UNRECORDED, None, index, None)
 
 
 def unrecorded_between(dump: RankDump, name: str) -> list[int]:
@@ -291,11 +305,9 @@ def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
     that has a group of sends and recvs only (a pipeline's, which no entry names): it is more likely in one of
     them than in none. (gloo's `last_completed` is the op that completed last, so a batch whose send completed
     before its recv reads as done.)"""
-    if last is None:
-        return False
-    named = set(dump.pg_ids.values())
-    p2p_only = any(pg_id not in named and enqueued > 0 for pg_id, (enqueued, _, _) in dump.pg_status.items())
-    return p2p_only or any(unrecorded_between(dump, last.group))
+    if _p2p_only_groups(dump):
+        return True
+    return last is not None and any(unrecorded_between(dump, last.group))
 
 
 def programs_of(load: LoadResult) -> dict[int, Program]:
@@ -360,9 +372,12 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
             # until it timed out or failed (gloo then counts it completed), and dumped afterwards.
             program.waiting = program.last
         elif program.waiting is None and program.maybe_in_p2p:
-            program.waiting = IssuedOp(
-                program.last.group, program.last.seq, P2P_UNRECORDED, None, program.last.index, None
-            )
+            p2p_only = _p2p_only_groups(program.dump)
+            if p2p_only:
+                program.waiting = _unrecorded_op(p2p_only[0][0], program.last)
+            else:
+                last = program.last
+                program.waiting = IssuedOp(last.group, last.seq, P2P_UNRECORDED, None, last.index, None)
         waiting = program.waiting
         if waiting is not None and waiting.op == P2P_UNRECORDED:
             graph.edges[rank], graph.unknown[rank] = nobody, frozenset(members_of(rank, waiting.group)) - {rank}
@@ -633,8 +648,10 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
 
 
 def _made_elsewhere(calls: list[IssuedOp], programs: dict[int, Program], cycle: set[int]) -> bool:
-    """Any rank outside the cycle issued one of these calls (op and call site, on any group): at most a few
-    programs are read, those of distinct shapes."""
+    """Any rank outside the cycle issued one of these calls (op and call site, on any group), or no rank
+    outside the cycle is there to show it did not: at most a few programs are read, those of distinct shapes."""
+    if not set(programs) - cycle:
+        return True
     wanted = {(op.op, op.site) for op in calls}
     seen: set[tuple] = set()
     for rank, program in programs.items():
