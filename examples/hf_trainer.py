@@ -15,6 +15,7 @@ rank 1's gradient before that optimizer step: every rank skips the update. Teste
 and accelerate 1.15 (tests/test_runtime_profiler.py).
 """
 
+import gc
 import os
 import sys
 
@@ -132,7 +133,13 @@ def main() -> None:
         f"skipped steps {[batch.step for batch in guard.skipped_batches]}, weights checksum {checksum:.6f}",
         flush=True,
     )
-    if torch.distributed.is_initialized():  # the Trainer leaves it to the exit, where gloo may abort
+    # The Trainer leaves the process group to the interpreter's exit, where gloo may abort. Drop the trainer
+    # (and with it DDP's reducer) first: a reducer freed after the group was destroyed frees the group itself,
+    # and gloo's destructor then joins its worker threads holding the GIL, which a worker freeing a tensor
+    # needs (pytorch/pytorch#56297): the process never exits.
+    del trainer, model, guard
+    gc.collect()
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 

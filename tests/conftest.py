@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from leftovers import adopt_orphans, kill_leftovers
+
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "h200x2"
 
@@ -28,3 +30,11 @@ def triage_json(*paths, stdin: bytes | None = None) -> tuple[int, dict]:
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_leftover_processes():
+    """Workers a failed or timed-out job test left behind are killed with their module (tests/leftovers.py)."""
+    adopt_orphans()
+    yield
+    kill_leftovers()

@@ -24,8 +24,12 @@ def env_int(name: str, default: int) -> int:
 
 
 def exit_when_orphaned() -> None:
-    """Exit within a second of the launcher's death: a job the tests leave hanging never outlives them."""
+    """Exit within a second of the launcher's death: a job the tests leave hanging never outlives them. A
+    launcher that died before this ran (a slow import under load) left the worker to init: it exits at once.
+    (Under pytest, which adopts orphans, such a worker is killed with its test module: tests/leftovers.py.)"""
     parent = os.getppid()
+    if parent == 1:
+        os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent:
