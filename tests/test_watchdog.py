@@ -78,3 +78,33 @@ def test_a_thread_blocked_in_a_works_wait_shows_the_c_method_it_is_in():
     lines = text.splitlines()
     at = next(i for i, line in enumerate(lines) if line.strip().startswith("stage ("))
     assert lines[at - 1].strip() == "c10d::Work::wait (Work.cpp:0)"
+
+
+def test_a_rank_waiting_in_init_process_group_for_the_others_is_starting_not_stalled(tmp_path):
+    # Rank 0 of two waits in init_process_group for a rank that never comes, until torch's own timeout names it.
+    # A stall window of one second passes four times over: nothing is dumped, no verdict written.
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    program = (
+        "import datetime\n"
+        "import torch.distributed as dist\n"
+        "from torchtriage import HangWatchdog\n"
+        f"with HangWatchdog(stall_seconds=1, out_dir={str(tmp_path)!r}, poll_seconds=0.2):\n"
+        "    try:\n"
+        f"        dist.init_process_group('gloo', init_method='tcp://127.0.0.1:{port}', rank=0, world_size=2,\n"
+        "                                timeout=datetime.timedelta(seconds=4))\n"
+        "    except Exception as error:\n"
+        "        print('rendezvous timed out:', type(error).__name__)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "RANK": "0", "WORLD_SIZE": "2"},
+    )
+    assert "rendezvous timed out" in done.stdout, done.stderr[-2000:]
+    assert not (tmp_path / "rank00.txt").exists() and not (tmp_path / "verdict.json").exists()

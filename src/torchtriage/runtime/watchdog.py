@@ -124,6 +124,19 @@ def _c10d_arguments(frame) -> list[str]:
     return ["        Locals:", *(f"            {line}" for line in shown)] if shown else []
 
 
+def _gathering_ranks(frame) -> bool:
+    """Whether the main thread is inside `init_process_group`, waiting for the job's ranks to arrive: no
+    training step has run, a slow rank (an import on a busy file system) is still coming, and torch's own
+    rendezvous timeout names one that never does. The stall clock starts once it returns."""
+    depth = 0
+    while frame is not None and depth < 64:
+        code = frame.f_code
+        if code.co_name == "init_process_group" and code.co_filename.endswith("distributed_c10d.py"):
+            return True
+        frame, depth = frame.f_back, depth + 1
+    return False
+
+
 class HangWatchdog:
     """Writes stacks, flight-recorder dumps and a fused verdict when this rank stops making progress.
 
@@ -199,7 +212,7 @@ class HangWatchdog:
         frame = sys._current_frames().get(self._main_ident)
         position = (id(frame.f_code), frame.f_lineno) if frame is not None else None
         now = time.monotonic()
-        if position != self._last_position:
+        if position != self._last_position or _gathering_ranks(frame):
             self._last_position = position
             self._last_progress = now
             self._arm_backstop()
