@@ -30,8 +30,22 @@ def store_get(store):
     store.get("never/set")
 
 
+def store_get_by_attribute(job, request):
+    # The callee and its argument are both attributes: the instruction before the call loads the argument.
+    job.store.get(request.key)
+
+
+class _Holder:
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
 def socket_recv(sock):
     sock.recv(8)
+
+
+def socket_recv_computed(sock, request):
+    sock.recv(len(request.key) + 1)  # an argument that is itself a call
 
 
 def sleeping():
@@ -61,11 +75,22 @@ def store():
 
 def test_each_blocking_call_is_named_and_classified(store):
     mine, _theirs = socket.socketpair()
+    other, _peer = socket.socketpair()
     held = threading.Lock()
     held.acquire()
     cases = {
         "store": (_wait_in(store_get, store), RankState.STORE, "c10d::TCPStore::get"),
+        "store by attribute": (
+            _wait_in(store_get_by_attribute, _Holder(store=store), _Holder(key="never/set")),
+            RankState.STORE,
+            "c10d::TCPStore::get",
+        ),
         "socket": (_wait_in(socket_recv, mine), RankState.BLOCKED, "sock_recv"),
+        "socket, computed size": (
+            _wait_in(socket_recv_computed, other, _Holder(key="abc")),
+            RankState.BLOCKED,
+            "sock_recv",
+        ),
         "sleep": (_wait_in(sleeping), RankState.SLEEPING, "time_sleep"),
         "acquire": (_wait_in(explicit_acquire, held), RankState.LOCK, "lock_PyThread_acquire_lock"),
         "with": (_wait_in(with_lock, held), RankState.LOCK, "lock_PyThread_acquire_lock"),

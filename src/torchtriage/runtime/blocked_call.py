@@ -40,6 +40,14 @@ def blocked_call(frame: FrameType) -> tuple[str, str] | None:
         if instructions[at].opname in _WITH:
             owner = _value(frame, instructions, at - 1)
             return _lock_call(owner, "acquire")
+        callee = _callee(instructions, at)
+        if callee is not None:
+            ins = instructions[callee]
+            if ins.opname in _METHOD_LOADS and isinstance(ins.argval, str):
+                return _method_call(_value(frame, instructions, callee - 1), ins.argval)
+            if ins.opname in _GLOBAL_LOADS and callable(function := _global(frame, ins.argval)):
+                return _function_call(function)
+            return None
         for j in range(at, max(at - _LOOK_BACK, -1), -1):
             ins = instructions[j]
             if ins.opname in _METHOD_LOADS and isinstance(ins.argval, str):
@@ -49,6 +57,28 @@ def blocked_call(frame: FrameType) -> tuple[str, str] | None:
     except Exception:  # noqa: BLE001 - an unusual frame or code object: nothing is said about it
         return None
     return None
+
+
+_CALLS = {"CALL": 0, "CALL_METHOD": 0, "CALL_FUNCTION": 0, "CALL_FUNCTION_KW": 1}  # extra values: 3.10's names
+_BEFORE_CALL = ("PRECALL", "KW_NAMES", "CACHE")  # between a call's arguments and the call (3.11)
+
+
+def _callee(instructions: list, at: int) -> int | None:
+    """The index of the instruction that loads the callee of the call at `at`: walking back over its
+    arguments by their net stack effects (an argument may be an attribute, `store.get(a.key)`, or a call
+    itself), the instruction before them. None where `at` is no call or the walk leaves the code."""
+    call = instructions[at]
+    if call.opname not in _CALLS or call.arg is None:
+        return None
+    pending = call.arg + _CALLS[call.opname]  # values on the stack above the callee
+    j = at - 1
+    while j >= 0 and instructions[j].opname in _BEFORE_CALL:
+        j -= 1
+    while j >= 0 and pending > 0:
+        ins = instructions[j]
+        pending -= dis.stack_effect(ins.opcode, ins.arg if ins.opcode >= dis.HAVE_ARGUMENT else None, jump=False)
+        j -= 1
+    return j if pending == 0 and j >= 0 else None
 
 
 _NOTHING = object()
