@@ -1,9 +1,10 @@
 """The files a hung job leaves, written from a simulation as real ones are laid out.
 
 - flight-recorder dumps: torch's pickle (`_dump_nccl_trace` / `_dump_fr_trace`), version 2.10: NCCL's with
-  `pg_config` (name, desc, ranks) and sends, recvs and `coalesced` markers; gloo's with collectives only,
-  the op ids of its sends and recvs skipped, every entry `scheduled`, a nameless `pg_config` placeholder;
-  `pg_status` keyed by the process-local pg id; a ring buffer that may have dropped the oldest entries;
+  `pg_config` (name, desc, ranks of each group whose communicator exists) and sends, recvs and `coalesced`
+  markers; gloo's with collectives only, the op ids of its sends and recvs skipped, every entry `scheduled`, a
+  nameless `pg_config` placeholder; `pg_status` keyed by the process-local pg id of each group the rank
+  recorded an op of; a ring buffer that may have dropped the oldest entries;
 - stacks: `py-spy dump` text (short file names, native frames with --native) and `--json --locals`, as
   `torchtriage diagnose --pid` captures them beside its `summary.json`; or the hang watchdog's own text
   form (full paths, the c10d call's arguments), as `torchtriage run` leaves them in `hang/`;
@@ -22,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import Outcome, RankRun, Record, Wait
-from .frames import LOGGER, TORCH, call_frames, short, waiting_frames
+from .frames import LOGGER, TORCH, blocked_frames, call_frames, short, waiting_frames
 from .program import Program
 
 VERSION = "2.10"
@@ -105,9 +106,11 @@ _GONE = ("dead", "exited")
 def _state(record: Record, run: RankRun, backend: str) -> str:
     if backend != "nccl":
         return "scheduled"
+    if not record.launched:
+        return "completed"  # its end event was never recorded, and CUDA says such an event has completed
     frozen = run.frozen_from is not None and record.record_id >= run.frozen_from
-    batched_op = record.is_p2p and record.action.kind == "batch"
-    if record.done and not frozen and not batched_op:
+    # A batch's own ops stay `scheduled` (only its coalesced work is watched), as real dumps show.
+    if record.done and not frozen and not record.batched:
         return "completed"
     return "scheduled"
 
@@ -115,9 +118,8 @@ def _state(record: Record, run: RankRun, backend: str) -> str:
 def _frames(record: Record) -> list[dict]:
     if not record.python:
         return []
-    if record.action.kind == "batch":
-        inner = None if record.name == "coalesced" else record.name
-        frames = call_frames(record.action, in_batch=inner)
+    if record.batched:
+        frames = call_frames(record.action, in_batch=record.name)
     else:
         frames = call_frames(record.action, record.part)
     return [{"name": f, "filename": file, "line": line} for f, file, line in frames]
@@ -164,42 +166,62 @@ def fr_dump(program: Program, run: RankRun, backend: str, buffer: int) -> dict:
         )
     return {
         "version": VERSION,
-        "pg_config": _pg_config(program, run.rank, backend),
+        "pg_config": _pg_config(program, run, backend),
         "comm_lib_version": "2.28.9" if backend == "nccl" else "",
         "pg_status": _pg_status(program, run, backend),
         "entries": entries,
     }
 
 
-def _pg_config(program: Program, rank: int, backend: str) -> dict:
+def _pg_config(program: Program, run: RankRun, backend: str) -> dict:
+    """NCCL registers a group's ranks when it creates its communicator: at once with eager init, else at the
+    group's first op (groups the job made and never used are absent)."""
     if backend != "nccl":
         return {"": {"name": "", "desc": "", "ranks": "[]"}}  # gloo records no groups
-    return {g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.ranks))} for g in program.mesh.groups_of(rank)}
+    groups = program.mesh.groups_of(run.rank) if program.eager_init else _recorded_groups(program, run)
+    return {g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.ranks))} for g in groups}
+
+
+def _recorded_groups(program: Program, run: RankRun) -> list:
+    """The rank's groups it recorded an op of (the recorder keeps a group's status from its first entry on)."""
+    names = {r.group.name for r in run.records}
+    return [g for g in program.mesh.groups_of(run.rank) if g.name in names]
 
 
 def _pg_status(program: Program, run: RankRun, backend: str) -> dict:
+    """Per group, the last op enqueued and the last completed, as each backend counts them (-1: none yet)."""
     status = {}
-    ops = sorted(run.records + run.hidden, key=lambda r: (r.op_id, r.record_id))
-    for group in program.mesh.groups_of(run.rank):
-        mine = [r for r in ops if r.group.name == group.name and r.name != "coalesced"]
-        if backend == "nccl":
-            recorded = [r for r in run.records if r.group.name == group.name]
-            completed = [r for r in recorded if _state(r, run, backend) == "completed" or (r.done and r.is_p2p)]
-            frozen = run.frozen_from
-            completed = [r for r in completed if frozen is None or r.record_id < frozen]
-            last_done = completed[-1] if completed else None
-            enqueued = run.seq.get(group.name, -1)  # ProcessGroupStatus starts at -1 (no op enqueued)
-            done_seq = (last_done.p2p_seq if last_done.is_p2p else last_done.seq) if last_done else -1
-        else:  # gloo counts every op, p2p included, by op id
-            enqueued = mine[-1].op_id if mine else -1
-            done_ids = [r.op_id for r in mine if r.done]
-            done_seq = max(done_ids) if done_ids else -1
+    for group in _recorded_groups(program, run):
+        mine = [r for r in run.records if r.group.name == group.name]
+        count = _nccl_status if backend == "nccl" else _gloo_status
+        enqueued, completed = count(mine, run)
         status[str(program.mesh.pg_id(run.rank, group))] = {
             "last_enqueued_collective": enqueued,
+            "last_completed_collective": completed,
             "last_started_collective": -1,
-            "last_completed_collective": done_seq,
         }
     return status
+
+
+def _gloo_status(records: list[Record], run: RankRun) -> tuple[int, int]:
+    """gloo counts its collectives by op id: its sends and recvs take op ids but are never enqueued there."""
+    enqueued = records[-1].op_id if records else -1
+    done = [r.op_id for r in records if r.done]
+    return enqueued, max(done, default=-1)
+
+
+def _nccl_status(records: list[Record], run: RankRun) -> tuple[int, int]:
+    """NCCL counts works by their own sequence number (a send's, a recv's, a batch's: the p2p one), as its
+    watchdog enqueues and retires them: a batch is one work (its coalesced marker), its ops none; an op still
+    connecting was never enqueued; a wedged device's last completions were never seen."""
+    works = [r for r in records if not r.batched and r.launched]
+    frozen = run.frozen_from
+    completed = [r for r in works if r.done and (frozen is None or r.record_id < frozen)]
+    return _work_seq(works[-1]) if works else -1, _work_seq(completed[-1]) if completed else -1
+
+
+def _work_seq(record: Record) -> int:
+    return record.p2p_seq if record.is_p2p or record.name == "coalesced" else record.seq
 
 
 # ------------------------------------------------------------------------------------------------- stacks
@@ -226,6 +248,7 @@ _BLOCKED = {
     "queue": ("lock_PyThread_acquire_lock", "_threadmodule.c"),
     "dataloader": ("lock_PyThread_acquire_lock", "_threadmodule.c"),
     "item": ("at::native::_local_scalar_dense", "Scalar.cpp"),
+    "work": ("c10d::Work::wait", "Work.cpp"),  # gloo: every blocking call waits in its Work's wait()
 }
 
 
@@ -233,23 +256,30 @@ def _main_thread(program: Program, run: RankRun, backend: str, layout: Layout) -
     wait: Wait = run.wait
     ident = PID_BASE + run.rank
     action = wait.action
-    locals_at: dict = {}
-    if wait.kind == "op" or wait.kind == "init":
-        python = call_frames(action, action.part)
-        native_kind = "nccl_init" if wait.kind == "init" else ("gloo_wait" if backend != "nccl" else "sync")
-        native = waiting_frames(native_kind, action.site)[1]
-        locals_at = _call_locals(action, python)
-        active = False
-    elif wait.kind == "backward":
-        python = call_frames(action)
+    if wait.kind in ("op", "init", "connect"):
+        return _in_a_call(wait, ident, backend, layout)
+    if wait.kind == "backward":
         native = waiting_frames("backward_wait", action.site)[1]
-        active = False
+        return Thread("MainThread", ident, False, call_frames(action), native if layout.native else [], {})
+    kind = {"sync": "item" if layout.item_sync else "sync", "store": "store"}.get(wait.kind, wait.detail)
+    python, native, active = waiting_frames(kind, action.site)
+    return Thread("MainThread", ident, active, python, native if layout.native else [], {}, _BLOCKED.get(kind))
+
+
+def _in_a_call(wait: Wait, ident: int, backend: str, layout: Layout) -> Thread:
+    """A main thread inside a torch.distributed call. Waiting for its op, it has left the frames that only
+    issued it (an isend under send) and, on gloo, waits in the Work's wait(); creating the communicator or
+    connecting it, it is still where the op was issued."""
+    action = wait.action
+    if wait.kind == "op":
+        python = blocked_frames(action, action.part)
+        native_kind = "gloo_wait" if backend != "nccl" else "sync"
     else:
-        kind = {"sync": "item" if layout.item_sync else "sync", "store": "store"}.get(wait.kind, wait.detail)
-        python, native, active = waiting_frames(kind, action.site)
-        blocked = _BLOCKED.get(kind)
-        return Thread("MainThread", ident, active, python, native if layout.native else [], locals_at, blocked)
-    return Thread("MainThread", ident, active, python, native if layout.native else [], locals_at)
+        python = call_frames(action, action.part)
+        native_kind = {"init": "nccl_init", "connect": "nccl_connect"}[wait.kind]
+    native = waiting_frames(native_kind, action.site)[1] if layout.native else []
+    blocked = _BLOCKED["work"] if wait.kind == "op" and backend != "nccl" else None
+    return Thread("MainThread", ident, False, python, native, _call_locals(action, python), blocked)
 
 
 def _call_locals(action, python) -> dict:
@@ -259,7 +289,8 @@ def _call_locals(action, python) -> dict:
         if file.endswith("c10d_logger.py"):
             world = action.group is not None and action.group.dim == "world"
             kwargs = "{}" if world else '{"group": <torch.distributed.distributed_c10d.ProcessGroup at 0x7f3a2c>}'
-            found[i] = [("args", "(<torch.Tensor at 0x7f3a10>,)", True), ("kwargs", kwargs, True)]
+            args = "()" if action.kind == "barrier" else "(<torch.Tensor at 0x7f3a10>,)"  # a barrier takes no tensor
+            found[i] = [("args", args, True), ("kwargs", kwargs, True)]
         elif function in ("send", "isend") and action.peer is not None:
             found[i] = [("dst", str(action.peer), True)]
         elif function in ("recv", "irecv") and action.peer is not None:
@@ -376,7 +407,7 @@ def watchdog_text(rank: int, threads: list[Thread]) -> str:
                 lines.append("        Locals:")
                 for name, value, _ in shown:
                     if name == "args":
-                        value = "(<Tensor>)"
+                        value = "()" if value == "()" else "(<Tensor>)"
                     elif name == "kwargs":
                         value = "{}" if value == "{}" else '{"group": <ProcessGroup>}'
                     lines.append(f"            {name}: {value}")
@@ -431,7 +462,8 @@ def timeout_lines(program: Program, run: RankRun, backend: str) -> list[str]:
     `WorkNCCL(...)`'s fields), as glog prints it under torchrun's `[rankN]:` prefix."""
     if backend != "nccl":
         return []
-    pending = next((r for r in run.records if not r.done and r.name != "coalesced"), None)
+    # The watchdog times out the works it enqueued: never an op still connecting.
+    pending = next((r for r in run.records if not r.done and r.launched and r.name != "coalesced"), None)
     if pending is None:
         return []
     group = pending.group

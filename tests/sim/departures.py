@@ -3,8 +3,10 @@
 - `skip`: it does not issue one op (a collective, a send or recv, an op of a batch, its store.set).
 - `extra`: it issues one op more (a collective its peers do not call then).
 - `world_for_subgroup`: it calls a collective on the world group where its peers use their subgroup.
-- `swap`: it issues two ops in the other order (two groups' collectives, a send and a recv).
-- `subgroup_barrier`: it waits in a barrier on its subgroup where its peers go on.
+- `swap`: it issues two ops in the other order (two groups' collectives, a send and a recv), from their own
+  lines or from a function of its own (`new_site`).
+- `subgroup_barrier`: it waits in a barrier on its subgroup where its peers go on (to that subgroup's op, or
+  to another group's op after it: `other`).
 - `size`: it calls a collective with other sizes (NCCL runs it, so the hang comes later).
 - `early_exit`: it leaves the training loop and waits in the end-of-training barrier.
 - `exit`: it returns from the program (its process ends) while its peers go on.
@@ -47,7 +49,9 @@ class Departure:
     rank: int
     step: int
     at: int  # index into the culprit's actions of that step
-    other: int = -1  # swap: the second index; extra: the index of the op repeated
+    # swap: the second index; extra: the index of the op repeated; subgroup_barrier: the op whose group the
+    # barrier is on, when not the op at `at`
+    other: int = -1
     detail: str = ""  # stuck: the state; wedge: how many earlier completions its recorder missed
     new_site: Site | None = None  # where the departing call is made, when not from the program's own line
 
@@ -164,10 +168,14 @@ def _apply(program: Program, d: Departure, actions: list[Action]) -> tuple[list[
         return actions[: d.at] + [moved] + actions[d.at + 1 :], False
     if kind == "swap":
         swapped = list(actions)
-        swapped[d.at], swapped[d.other] = swapped[d.other], swapped[d.at]
+        first, second = actions[d.other], actions[d.at]
+        if d.new_site is not None:  # the two calls made from a function of their own (a `receive_first`)
+            first, second = replace(first, site=d.new_site, spec=-1), replace(second, site=d.new_site, spec=-1)
+        swapped[d.at], swapped[d.other] = first, second
         return swapped, False
     if kind == "subgroup_barrier":
-        barrier = Action("barrier", at.group, site, at.step)
+        group = actions[d.other].group if d.other >= 0 else at.group
+        barrier = Action("barrier", group, site, at.step)
         return actions[: d.at] + [barrier] + actions[d.at :], False
     if kind == "size":
         resized = replace(at, numel=at.numel * 2, site=site, spec=-1)

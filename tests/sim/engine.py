@@ -13,6 +13,10 @@ What each backend does, as far as a hang shows it:
   step's end), in a barrier, an object collective, a store wait, or, without eager initialisation, in the
   first op of a group while its communicator is created. Ops of the same group whose sizes differ still
   complete (NCCL runs each rank's own count); ops of another kind never do.
+  NCCL (2.22 on, by default) also connects a communicator for an algorithm only at the first op that uses it:
+  that op is recorded, then its launch blocks the CPU until every member connects too (`nccl_algorithm`).
+- **p2p sequence numbers**: NCCL counts a group's sends, recvs and batches; gloo keeps no such count (its
+  entries say 0).
 
 The result is each rank's records (what its flight recorder holds) and where each rank's main thread
 waits (`Wait`), from which `artifacts` writes the files a real job leaves.
@@ -49,6 +53,8 @@ class Record:
     python: bool = True  # recorded with the Python frames of its call (False: an autograd thread's)
     record_id: int = 0
     part: int = 0  # which op of a composite call (all_gather_object's second all_gather)
+    batched: bool = False  # one op of a batch_isend_irecv (its `coalesced` marker says when the batch completed)
+    launched: bool = True  # NCCL: False while its launch waits for the communicator's connections
 
 
 @dataclass
@@ -69,7 +75,9 @@ class Unit:
 class Wait:
     """Where a rank's main thread is, once nothing moves."""
 
-    kind: str  # "op" (in a collective/p2p call), "backward", "sync", "store", "init", "stuck", "exited", "dead"
+    # "op" (in a collective/p2p call), "backward", "sync", "store", "init", "connect" (NCCL: launching an op of
+    # an algorithm its communicator has not connected yet), "stuck", "exited", "dead"
+    kind: str
     action: Action | None = None
     units: tuple = ()
     detail: str = ""  # stuck: "sleep", "compute", "lock", ...; store: the key
@@ -89,6 +97,7 @@ class RankRun:
     p2p_seq: dict = field(default_factory=dict)
     op_id: dict = field(default_factory=dict)
     inited: set = field(default_factory=set)
+    connected: set = field(default_factory=set)  # NCCL: (group name, ranks, algorithm) it has connected
     # For a departure that freezes the recorder's progress: records from this index on stay `scheduled`.
     frozen_from: int | None = None
     device_stopped_at: int | None = None  # wedged: the device never runs the unit issued at this action
@@ -116,6 +125,7 @@ class Engine:
         self.pair_counts: dict[tuple, int] = {}
         self.store: set[str] = set()
         self.arrived: dict[tuple, set[int]] = {}  # lazy init: group -> ranks waiting to create it
+        self.connecting: dict[tuple, set[int]] = {}  # (group, ranks, algorithm) -> ranks that reached its first op
         self.record_ids: dict[int, int] = {}
         self.dead: set[int] = set()
         self.errored = False
@@ -140,8 +150,9 @@ class Engine:
             if run.wait is not None:
                 if not self._released(run):
                     return moved
-                run.wait = None
+                run.wait = self._once_released(run, run.wait)
                 moved = True
+                continue
             if run.pc >= len(run.actions):
                 run.wait = Wait("exited")
                 return True
@@ -179,7 +190,44 @@ class Engine:
             run.pc -= 1  # the op is issued (and recorded) once its communicator exists
             return init
         units = self._issue(run, action)
+        if self.nccl and not self._connected(run, units):
+            for unit in units:
+                for record in unit.records:
+                    record.launched = False
+            return Wait("connect", action, tuple(units))
+        return self._launch(run, action, units)
+
+    def _launch(self, run: RankRun, action: Action, units: list[Unit]) -> Wait | None:
+        """NCCL queues the op on the device; either backend's thread then waits as the call does."""
+        if self.nccl:
+            run.queue.extend(units)
         return self._wait_after_issue(run, action, units)
+
+    def _once_released(self, run: RankRun, wait: Wait) -> Wait | None:
+        """Where a thread goes once its wait is over: on, or, after connecting, into the op it launches."""
+        if wait.kind != "connect":
+            return None
+        for unit in wait.units:
+            for record in unit.records:
+                record.launched = True
+        return self._launch(run, wait.action, list(wait.units))
+
+    def _connected(self, run: RankRun, units: list[Unit]) -> bool:
+        """NCCL connects a communicator for an algorithm at its first op that uses it (NCCL_RUNTIME_CONNECT=1, the
+        default since 2.22): its launch exchanges connection details with the peers, which only answer once
+        they launch an op of that algorithm themselves. Until every member has, the op is recorded (its start
+        and end events never are) but not launched."""
+        key = _connection(units[0])
+        if key is None or key in run.connected:
+            return True
+        self.connecting.setdefault(key, set()).add(run.rank)
+        return self._released_connect(run, key)
+
+    def _released_connect(self, run: RankRun, key: tuple) -> bool:
+        if self.connecting[key] >= set(key[1]):
+            run.connected.add(key)
+            return True
+        return False
 
     def _needs_init(self, run: RankRun, action: Action) -> Wait | None:
         """NCCL without eager init: a group's first op blocks its CPU until every member creates the
@@ -216,6 +264,8 @@ class Engine:
             return wait.detail in self.store
         if wait.kind == "sync":
             return all(u.done for u in run.queue)
+        if wait.kind == "connect":
+            return self._released_connect(run, _connection(wait.units[0]))
         if wait.kind == "init":
             key = (wait.action.group.name, wait.action.group.ranks)
             if self.arrived.get(key, set()) >= set(wait.action.group.ranks):
@@ -229,6 +279,10 @@ class Engine:
     def _next(self, table: dict, name: str) -> int:
         table[name] = table.get(name, 0) + 1
         return table[name]
+
+    def _next_p2p_seq(self, run: RankRun, group: Group) -> int:
+        """NCCL numbers a group's sends, recvs and batches; gloo keeps no such count (its entries say 0)."""
+        return self._next(run.p2p_seq, group.name) if self.nccl else 0
 
     def _record(self, run: RankRun, record: Record) -> Record:
         record.record_id = self.record_ids.get(run.rank, 0)
@@ -256,14 +310,12 @@ class Engine:
         signature = (name,) if self.lenient else (name, str(ins), str(outs), tuple(dtypes))
         unit = Unit(run.rank, "collective", [record], (group.name, group.ranks, seq), signature=signature)
         self.collectives.setdefault(unit.key, {})[run.rank] = unit
-        if self.nccl:
-            run.queue.append(unit)
         return unit
 
     def _issue_p2p(self, run: RankRun, action: Action, ops: list[Action]) -> Unit:
         group = action.group
         records, keys, sends = [], [], set()
-        batch_seq = self._next(run.p2p_seq, group.name) if action.kind == "batch" else None
+        batch_seq = self._next_p2p_seq(run, group) if action.kind == "batch" else None
         for op in ops:
             me, peer = group.local(run.rank), group.local(op.peer)
             src, dst = (me, peer) if op.kind == "send" else (peer, me)
@@ -274,10 +326,10 @@ class Engine:
             if op.kind == "send":
                 sends.add(key)
             op_id = self._next(run.op_id, group.name)
-            p2p_seq = batch_seq if batch_seq is not None else self._next(run.p2p_seq, group.name)
+            p2p_seq = batch_seq if batch_seq is not None else self._next_p2p_seq(run, group)
             sizes = [[op.numel]]
             record = Record(op, op.kind, group, run.seq.get(group.name, 0), p2p_seq, op_id, sizes, sizes,
-                            [op.dtype], True, src, dst)  # fmt: skip
+                            [op.dtype], True, src, dst, batched=action.kind == "batch")  # fmt: skip
             if self.nccl:  # gloo records no sends or recvs; they only take op ids
                 self._record(run, record)
             else:
@@ -293,12 +345,8 @@ class Engine:
         for key, record in zip(keys, records, strict=False):
             side = "send" if key in sends else "recv"
             self.p2p.setdefault(key, {})[side] = (unit, record)
-        if self.nccl:
-            run.queue.append(unit)
-        else:
-            for key in sends:
-                self._done_op(key, "send")  # handed to the transport
-            self._maybe_done(unit)
+        if not self.nccl:
+            self._maybe_done(unit)  # a unit of no ops; a gloo send completes only once its recv is posted
         return unit
 
     # ------------------------------------------------------------------------------------------ completion
@@ -311,10 +359,13 @@ class Engine:
         else:
             for key, units in list(self.collectives.items()):
                 moved = self._complete_collective(key, units) or moved
+            # A gloo send waits for its recv (measured: a one-element send returned when its peer posted the
+            # recv, seconds later), and the recv for the send.
             for unit_pair in list(self.p2p.values()):
                 if "recv" in unit_pair and "send" in unit_pair and not unit_pair["recv"][1].done:
-                    self._mark(unit_pair["recv"][1])
-                    self._maybe_done(unit_pair["recv"][0])
+                    for unit, record in (unit_pair["send"], unit_pair["recv"]):
+                        self._mark(record)
+                        self._maybe_done(unit)
                     moved = True
         return moved
 
@@ -371,10 +422,6 @@ class Engine:
             unit.done = True
         return True
 
-    def _done_op(self, key: tuple, side: str) -> None:
-        unit, record = self.p2p[key][side]
-        self._mark(record)
-
     def _maybe_done(self, unit: Unit) -> None:
         if all(r.done for r in unit.records if r.name != "coalesced"):
             unit.done = True
@@ -384,6 +431,33 @@ class Engine:
     @staticmethod
     def _mark(record: Record) -> None:
         record.done = True
+
+
+# NCCL's choice for an all_reduce, measured with NCCL 2.28.9 over its socket transport, one rank a host
+# (tests/fixtures/fr_cross_group_nccl's setup): two ranks take the ring at every size; four take the tree up to
+# 1 KiB and the ring from 2 KiB; eight the tree up to 4 KiB and the ring from 8 KiB (both: 64 bytes times the
+# ranks squared). Every other collective takes the ring.
+_ALL_REDUCES = ("all_reduce", "all_reduce_barrier")
+_DTYPE_BYTES = {"Float": 4, "Long": 8, "Byte": 1, "Half": 2, "BFloat16": 2, "Double": 8, "Int": 4}
+
+
+def nccl_algorithm(name: str, numel: int, dtype: str, ranks: int) -> str:
+    """The algorithm NCCL runs a collective of `numel` elements per rank with, on `ranks` ranks."""
+    if name not in _ALL_REDUCES or ranks <= 2:
+        return "ring"
+    return "tree" if numel * _DTYPE_BYTES.get(dtype, 4) <= 64 * ranks * ranks else "ring"
+
+
+def _connection(unit: Unit) -> tuple | None:
+    """(group name, ranks, algorithm) a collective needs connected; None for sends and recvs (their peers are
+    connected by the warm-up steps' own, which every departure repeats)."""
+    if unit.kind != "collective":
+        return None
+    record = unit.records[0]
+    numel = record.input_sizes[0][0] if record.input_sizes and record.input_sizes[0] else 1
+    dtype = record.dtypes[0] if record.dtypes else "Float"
+    algorithm = nccl_algorithm(record.name, numel, dtype, len(record.group.ranks))
+    return (record.group.name, record.group.ranks, algorithm)
 
 
 def _shape(action: Action, part: int, size: int, backend: str) -> tuple[str, list, list, list]:
@@ -412,4 +486,4 @@ def _shape(action: Action, part: int, size: int, backend: str) -> tuple[str, lis
     raise ValueError(f"not a collective: {kind}")
 
 
-__all__ = ["Engine", "Outcome", "Record", "RankRun", "Unit", "Wait", "STORE"]
+__all__ = ["Engine", "Outcome", "Record", "RankRun", "Unit", "Wait", "STORE", "nccl_algorithm"]

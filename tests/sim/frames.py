@@ -65,6 +65,20 @@ def call_frames(action: Action, part: int = 0, in_batch: str | None = None) -> l
     return [*_CALL[action.kind], *LOGGER, *hook, *user]
 
 
+def blocked_frames(action: Action, part: int = 0) -> list[Frame]:
+    """The Python frames of a thread blocked until the op `action` issued completes: a blocking send or recv
+    waits in `send`/`recv` itself (its isend/irecv returned the work); a batch's works are waited for by the
+    job's own code (`for work in batch_isend_irecv(ops): work.wait()`), so no frame of torch's is left."""
+    frames = call_frames(action, part)
+    if action.via == BACKWARD:
+        return frames
+    if action.kind in ("send", "recv"):
+        return frames[1:]
+    if action.kind == "batch":
+        return frames[len(_COALESCED) :]
+    return frames
+
+
 # Where a thread waits outside torch.distributed: the Python frames above the job's, and the native ones.
 _WAITS: dict[str, tuple[tuple[Frame, ...], tuple[str, ...], bool]] = {
     # kind: (Python frames, native symbols innermost first, active)
@@ -121,6 +135,18 @@ _WAITS: dict[str, tuple[tuple[Frame, ...], tuple[str, ...], bool]] = {
         ("ncclCommInitRankConfig", "c10d::NCCLComm::create", "c10d::ProcessGroupNCCL::initNCCLComm"),
         False,
     ),  # fmt: skip
+    # NCCL's runtime connection of an algorithm, inside the op's launch: waiting for the peers' details.
+    "nccl_connect": (
+        (),
+        (
+            "bootstrapRecv",
+            "ncclTransportP2pSetup",
+            "ncclPrepareTasks",
+            "ncclGroupEndInternal",
+            "c10d::ProcessGroupNCCL::collective",
+        ),
+        False,
+    ),
     "backward_wait": (
         (),
         (

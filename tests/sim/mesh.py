@@ -5,6 +5,9 @@ take the names of one counter shared by all ranks ("1", "2", ...), and every gro
 description `mesh_<dim>`. With NCCL initialised eagerly, DeviceMesh calls `split_group` instead, which
 names each group by a hash of its ranks (torch's `_hash_ranks_to_str`). The world is group "0",
 `default_pg`. A group is therefore told apart by its name *and* its ranks, never by its description.
+
+A job that calls `new_group` itself makes the groups of the dimensions it uses only (`grouped`): a world cut
+into halves has no group of the ranks that hold the same place in each half.
 """
 
 from __future__ import annotations
@@ -39,18 +42,23 @@ class Mesh:
     dims: tuple[tuple[str, int], ...]
     hashed_names: bool = False  # split_group's names (NCCL, eager init) instead of new_group's counter
     mesh_descs: bool = True  # DeviceMesh's descriptions; plain new_group calls leave "undefined"
+    grouped: tuple[str, ...] | None = None  # the dimensions the job makes groups of (None: every one, as DeviceMesh)
     groups: list[Group] = field(default_factory=list)  # in creation order, the world first
 
     def __post_init__(self) -> None:
         world = tuple(range(self.size))
         self.groups = [Group("0", "default_pg", world, WORLD)]
         counter = 1
-        for dim, _ in self.dims:
+        for dim in self.grouped_dims:
             for ranks in self.subgroups(dim):
                 name = hashed_name(ranks) if self.hashed_names else str(counter)
                 counter += 1
                 desc = f"mesh_{dim}" if self.mesh_descs else "undefined"
                 self.groups.append(Group(name, desc, ranks, dim))
+
+    @property
+    def grouped_dims(self) -> tuple[str, ...]:
+        return self.dim_names if self.grouped is None else tuple(d for d in self.dim_names if d in self.grouped)
 
     @property
     def size(self) -> int:

@@ -58,6 +58,9 @@ class OpSpec:
     numel: int = 1024
     dtype: str = "Float"
     offset: int = 0  # p2p: the peer's offset along `dim` (+1: the next stage, -1: the previous)
+    # p2p on another group than its stages' (a job sending to its neighbour's global rank on the world): the
+    # dimension the peer is the neighbour along, when it is not `dim`
+    peer_dim: str = ""
     via: str = MAIN
     every: int = 1  # issued on steps divisible by `every` only
     batch: tuple[OpSpec, ...] = ()
@@ -119,7 +122,7 @@ class Program:
         group = self.mesh.group_of(rank, spec.dim)
         base = Action(spec.kind, group, spec.site, step, spec.numel, spec.dtype, via=spec.via, spec=index)
         if spec.kind in P2P:
-            peer = _neighbour(self.mesh, rank, spec.dim, spec.offset)
+            peer = _neighbour(self.mesh, rank, spec.peer_dim or spec.dim, spec.offset)
             return None if peer is None else replace(base, peer=peer)
         if spec.kind == "batch":
             inner = [self._instantiate(s, rank, step, index) for s in spec.batch]

@@ -628,6 +628,23 @@ def _call_sites(d: Disagreement, dumps: dict[int, RankDump]) -> dict[str, str]:
     return sites
 
 
+def _divergence(d: Disagreement, dumps: dict[int, RankDump]) -> tuple[int, Frame | None, Frame | None] | None:
+    """Where the culprit's program first left its peers' in the group: the first seq at or before the
+    disagreement where its op or call site differs from a peer's on the side it departed from (ops of one kind
+    and size from another line, or from a thread with no Python frames, complete on NCCL and shift every later
+    op). (seq, the culprit's call site there, the peer's), or None when they first differ at the disagreement."""
+    peers = d.sides.get(d.expected or "", []) if d.expected else []
+    culprit = next((r for r in d.culprits if r in dumps), None)
+    peer = next((r for r in peers if r in dumps), None)
+    if culprit is None or peer is None:
+        return None
+    mine, theirs = _group_steps(dumps[culprit], d.group), _group_steps(dumps[peer], d.group)
+    first = min((s for s in mine if s in theirs and s < d.seq and mine[s] != theirs[s]), default=None)
+    if first is None:
+        return None
+    return first, mine[first][1], theirs[first][1]
+
+
 def _culprit_site(d: Disagreement, dumps: dict[int, RankDump]) -> tuple[int, Frame] | None:
     """Where the culprit is: its op at the seq, or (if it never enqueued it) its last op."""
     for rank in d.culprits:
@@ -767,7 +784,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     # Per group, the majority can be the victims of a rank that waits in another group: where the graph
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
-    graph_leads = graph.kind in ("cycle", "p2p", "no_dump") or (
+    graph_leads = graph.kind in ("cycle", "p2p", "no_dump", "stopped") or (
         graph.kind == "sink" and sorted(graph.culprits) != per_group
     )
     if graph_leads:
@@ -790,15 +807,20 @@ def assess_dumps(load: LoadResult) -> Assessment:
         findings.insert(0, _graph_finding(graph, programs, groups, dumps))
         culprits = list(graph.culprits)
         confidence = _GRAPH_CONFIDENCE.get(graph.decided_by, "medium") if culprits else "low"
-    unrecorded = _may_wait_unrecorded(culprits, programs, groups, dumps)
+    # Blamed for waiting in no recorded op: a claim that another source (the stacks) can contradict.
+    in_no_op = [r for r in culprits if r in programs and programs[r].waiting is None]
+    unrecorded, shown = _may_wait_unrecorded(culprits, programs, groups, dumps)
     unrecorded_candidates: list[int] = []
     if unrecorded:
-        findings.append(_unrecorded_finding(unrecorded))
+        findings.append(_unrecorded_finding(unrecorded, dumps))
         confidence = "medium" if confidence == "high" else confidence
         waiting_for_them = {r for r, t in graph.edges.items() if t & set(culprits)}
-        if set(unrecorded) >= set(culprits) and graph.kind == "sink" and len(culprits) >= len(waiting_for_them):
-            # Each "rank in no op" may be blocked creating a communicator, waiting for the very ranks that wait
-            # for it, and they are not fewer than those: the dumps cannot tell which departed. Its stack can.
+        gloo = dumps[culprits[0]].backend == "gloo"
+        if (
+            set(unrecorded) >= set(culprits)
+            and graph.kind == "sink"
+            and _cannot_tell(culprits, waiting_for_them, shown, gloo)
+        ):
             unrecorded_candidates = sorted(set(culprits) | waiting_for_them)
             culprits, confidence = [], "low"
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
@@ -811,6 +833,8 @@ def assess_dumps(load: LoadResult) -> Assessment:
     for finding in findings:
         finding.category = category
     facts = _load_facts(load, groups, all_missing, timed_out) | wait_for_findings.facts(graph)
+    if in_no_op:
+        facts["in_no_op"] = in_no_op
     if unrecorded:
         facts["may_wait_unrecorded"] = {str(rank): sorted(where) for rank, where in unrecorded.items()}
     where = rank_positions(load, programs)
@@ -821,6 +845,12 @@ def assess_dumps(load: LoadResult) -> Assessment:
     elif lead is not None:
         facts.update(_lead_facts(lead, dumps, signatures))
         where = _culprit_site(lead, dumps) if culprits else None
+        departed = _divergence(lead, dumps) if culprits else None
+        if departed is not None:
+            facts |= _departure_facts(lead, departed)
+            site = departed[1] or departed[2]
+            where = (lead.culprits[0], site) if site is not None else where
+            findings[0].message += facts["departure"]
         if where is not None:
             # A rank that never enqueued the op is somewhere after its last recorded call, not at it.
             facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = where[1].to_fact(where[0])
@@ -856,6 +886,18 @@ def assess_dumps(load: LoadResult) -> Assessment:
         lead=findings[0] if findings else None,
         blaming=blaming,
     )
+
+
+def _departure_facts(lead: Disagreement, departed: tuple[int, Frame | None, Frame | None]) -> dict:
+    seq, mine, theirs = departed
+    culprit = format_ranks(lead.culprits)
+    where_mine = f"at {mine.site} in {mine.function}" if mine else "from a thread with no Python frames (autograd's)"
+    where_theirs = f"at {theirs.site} in {theirs.function}" if theirs else "from a thread with no Python frames"
+    said = (
+        f"; {culprit}'s program left its peers' earlier, at seq {seq} of {lead.group.label}: it called {where_mine} "
+        f"where its peers called {where_theirs}"
+    )
+    return {"departure": said, "departed_at_seq": seq}
 
 
 def _lead_facts(lead: Disagreement, dumps: dict[int, RankDump], signatures: dict[str, Signature]) -> dict:
@@ -910,58 +952,135 @@ _GRAPH_CONFIDENCE = {
     # The waits end in a rank with no dump: it died, or hangs where nothing recorded it. Its stack (or the
     # capture's note that it has no process) confirms it.
     "the ranks others wait for wait for it, and it left no dump": "medium",
+    wait_for.PROGRESS_STOPPED: "medium",
 }
 
 
 def _may_wait_unrecorded(
     culprits: list[int], programs: dict[int, wait_for.Program], groups: dict, dumps: dict[int, RankDump]
-) -> dict[int, list[str]]:
-    """The culprits blamed for waiting in no recorded op whose NCCL buffer cannot show that they do not.
+) -> tuple[dict[int, list[str]], bool]:
+    """The culprits blamed for waiting in no recorded op whose recorder cannot show that they do not, with
+    where they may wait; and whether the dumps show the job makes such unrecorded calls at all.
 
-    ProcessGroupNCCL creates a communicator at its first use (unless the job initialised eagerly): a
-    collective bumps its sequence number, then blocks creating the communicator (the store exchange of its
-    unique id, then `ncclCommInitRank` with every member) and only then records its entry. A rank blocked
-    there leaves no entry; gloo, whose groups connect when created, would have recorded one. That can be
-    the first collective of a group the rank has no entry of, or the first send/recv to a peer (a pair's
-    communicator), where the job uses p2p at all."""
+    - gloo records collectives only: a rank whose recorded collectives all completed may wait in a send or
+      recv (a pipeline's), for a peer no dump names. Its op ids show sends and recvs between collectives.
+    - ProcessGroupNCCL creates a communicator at its first use unless the job initialised eagerly: a collective
+      bumps its sequence number, then blocks creating the communicator (the store exchange of its unique id,
+      then `ncclCommInitRank` with every member) and only then records its entry and lists the group in
+      `pg_config`. A rank blocked there leaves no trace of the op: that can be the first collective of a group
+      no rank has used yet (nothing shows the job has one), or the first send/recv to a peer it never met
+      (the job's recorded sends and recvs show it makes them)."""
+    lazy = not _created_eagerly(dumps)
     uses_p2p = any(dump.p2p for dump in dumps.values())
     found: dict[int, list[str]] = {}
+    shown = False
     for rank in culprits:
         dump, program = dumps.get(rank), programs.get(rank)
-        if dump is None or dump.backend != "nccl" or (program is not None and program.waiting is not None):
+        if dump is None or (program is not None and program.waiting is not None):
             continue
-        unused = []
+        if dump.backend == "gloo":
+            found[rank] = ["a send or recv, which gloo does not record"]
+            shown = shown or _gloo_unrecorded_ops(dumps)
+            continue
+        if dump.backend != "nccl":
+            continue
+        unrecorded = ["the first collective of a group it has not used before"] if lazy else []
+        if uses_p2p and _peers_never_met(rank, dumps, groups):
+            unrecorded.append("a first send/recv to a peer")
+            shown = True
+        if unrecorded:
+            found[rank] = unrecorded
+    return found, shown
+
+
+def _cannot_tell(culprits: list[int], waiting_for_them: set[int], shown: bool, gloo: bool) -> bool:
+    """Whether ranks "in no op" that may wait unrecorded cannot be told from the ranks waiting for them.
+
+    Each may wait (creating a communicator, in a send or recv) for the very ranks that wait for it: the two
+    sides then close a cycle through an op no dump shows, and either side may have departed. Where the ranks in
+    no op are not fewer than their waiters, neither side is the likelier; on NCCL this needs the dumps to show
+    the job makes such ops (a first send/recv to a peer). On gloo, where the dumps show the job makes sends and
+    recvs they do not record, a single rank in no op is as likely the receiver of a send its peer skipped on
+    the way into the collective as the rank that departed: on generated pipelines (benchmarks/sim_hangs.py)
+    naming it is wrong more often than right."""
+    if gloo:
+        return shown or len(culprits) >= len(waiting_for_them)
+    return shown and len(culprits) >= len(waiting_for_them)
+
+
+def _gloo_unrecorded_ops(dumps: dict[int, RankDump]) -> bool:
+    """Whether the gloo dumps show ops they did not record: op ids skipped between a group's collectives (its
+    sends and recvs), or a group with no recorded collective (each rank numbers the groups it is a member of
+    from 0, in creation order: a number missing among those it recorded is a group of sends and recvs only,
+    or one it never used)."""
+    for dump in dumps.values():
+        if any(any(wait_for.unrecorded_between(dump, name)) for name in dump.tracks):
+            return True
+        ids = {int(pg_id) for pg_id in dump.pg_ids.values() if pg_id.isdigit()}
+        if ids and len(ids) < max(ids) + 1:
+            return True
+    return False
+
+
+def _created_eagerly(dumps: dict[int, RankDump]) -> bool:
+    """Whether the job created its communicators eagerly (`init_process_group(device_id=...)`): a dump then
+    lists in `pg_config` a group it never issued an op in. Lazily, a group is listed once its first op created
+    the communicator, and no dump shows which groups are still to come."""
+    for dump in dumps.values():
         for name in dump.pg_config:
             track, status = dump.tracks.get(name), dump.status(name)
-            if (track is None or not track.seqs) and (status is None or status[0] < 0):
-                group = groups.get(_group_key(dump, name))
-                unused.append(f"the first collective of {group.label if group is not None else f'pg {name}'}")
-        if uses_p2p and _peers_never_met(rank, dump, groups):
-            unused.append("a first send/recv to a peer")
-        if unused:
-            found[rank] = unused
-    return found
+            if (track is None or not track.seqs) and not dump.p2p.get(name) and (status is None or status[0] < 0):
+                return True
+    return False
 
 
-def _peers_never_met(rank: int, dump: RankDump, groups: dict) -> bool:
-    """Whether a member of one of the rank's groups has exchanged no recorded send or recv with it: a first
-    send/recv to that peer would create their pair's communicator, unrecorded until it exists."""
-    met, members = set(), set()
+def _peers_never_met(rank: int, dumps: dict[int, RankDump], groups: dict) -> bool:
+    """Whether a member of one of the rank's groups has exchanged no recorded send or recv with it, by either
+    one's dump: a first send/recv to that peer would create their pair's communicator, unrecorded until it
+    exists (and once it exists, both sides record their ops)."""
+    members = _members(dumps[rank], groups)
+    if members is None:
+        return True  # a group whose members are not known: any peer may be new
+    strangers = members - _partners(dumps[rank], groups) - {rank}
+    return any(peer not in dumps or rank not in _partners(dumps[peer], groups) for peer in strangers)
+
+
+def _members(dump: RankDump, groups: dict) -> set[int] | None:
+    members: set[int] = set()
     for name in {*dump.tracks, *dump.p2p, *dump.pg_config}:
         group = groups.get(_group_key(dump, name))
         if group is None:
-            return True  # a group whose members are not known: any peer may be new
+            return None
         members |= set(group.members)
-        for record in dump.p2p.get(name, ()):
+    return members
+
+
+def _partners(dump: RankDump, groups: dict) -> set[int]:
+    """The global ranks this rank's recorded sends and recvs went to or came from."""
+    met = set()
+    for name, records in dump.p2p.items():
+        group = groups.get(_group_key(dump, name))
+        if group is None:
+            continue
+        for record in records:
             for local in (record.src, record.dst):
                 if 0 <= local < len(group.members):
                     met.add(group.members[local])
-    return bool(members - met - {rank})
+    return met
 
 
-def _unrecorded_finding(unrecorded: dict[int, list[str]]) -> Finding:
+def _unrecorded_finding(unrecorded: dict[int, list[str]], dumps: dict[int, RankDump]) -> Finding:
     ranks = sorted(unrecorded)
     where = "; or ".join(unrecorded[ranks[0]][:4])
+    if dumps[ranks[0]].backend == "gloo":
+        return Finding(
+            "fr.unrecorded_p2p",
+            ranks,
+            f"gloo records collectives only: {format_ranks(ranks)} may wait in a send or recv rather than in no "
+            "op at all — its stack tells",
+            "symptom",
+            "hang",
+        )
     return Finding(
         "fr.unrecorded_init",
         ranks,
@@ -991,7 +1110,7 @@ def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
         return without_dump if group is not None and group.inferred else None
 
     graph = wait_for.wait_for_graph(programs, members_of, unseen_of)
-    return wait_for.decide(graph, programs), programs
+    return wait_for.decide(graph, programs, members_of), programs
 
 
 def _graph_finding(graph, programs, groups: dict, dumps: dict[int, RankDump]) -> Finding:

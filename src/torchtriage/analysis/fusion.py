@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from torchtriage.knowledge.actions import route
 from torchtriage.knowledge.rules import rule_by_id
-from torchtriage.model import Assessment, Category, Confidence, Finding, Role, Verdict
+from torchtriage.model import Assessment, Category, Confidence, Finding, RankState, Role, Verdict
 from torchtriage.ranks import format_ranks
 
 # Every source, in the order their findings are listed.
@@ -55,33 +55,38 @@ def _headline(present: dict[str, Assessment]) -> Assessment:
     causes = [present[name] for name in _CAUSE_ORDER if name in present and _is_cause_in_itself(present[name])]
     if causes:
         return causes[0]
-    naming = [present[name] for name in _CULPRIT_TRUST if name in present and present[name].culprits]
-    naming = [a for a in naming if not _waits_for_another(a, present)] or naming
+    trusted = {name: a for name, a in present.items() if not _waits_for_another(a, present)}
+    naming = [trusted[name] for name in _CULPRIT_TRUST if name in trusted and trusted[name].culprits]
     if naming:
         return naming[0]
     # No source names a culprit: the one that narrows it to candidates says the most.
-    narrowing = [present[name] for name in _CULPRIT_TRUST if name in present and present[name].facts.get("candidates")]
+    narrowing = [trusted[name] for name in _CULPRIT_TRUST if name in trusted and trusted[name].facts.get("candidates")]
     if narrowing:
         return narrowing[0]
-    found = [a for a in present.values() if a.findings]
+    found = [a for a in trusted.values() if a.findings]
     hangs = [a for a in found if a.category in _HANG_FAMILY]
-    return (hangs or found or list(present.values()))[0]
+    return (hangs or found or list(trusted.values()))[0]  # the stacks are trusted whenever they refute
 
 
-# States in which the stacks show a rank waiting for another rank outside any collective: the flight recorder,
-# which records collectives only, sees such a rank "in no op" and would blame it.
-_WAITING_OUTSIDE_C10D = ("store_wait",)
+# States in which the stacks show a rank waiting for another rank: in the job's store, or in a collective or
+# send/recv the flight recorder did not record (gloo records no p2p; NCCL records an op only once its
+# communicator exists). The recorder sees such a rank "in no op" and would blame it.
+_WAITING_FOR_A_PEER = (RankState.STORE, RankState.COLLECTIVE)
 
 
 def _waits_for_another(assessment: Assessment, present: dict[str, Assessment]) -> bool:
-    """The flight recorder names culprits that the stacks show waiting for another rank (in the job's store):
-    they never issued the collective because they wait for a key its setter never set, and the stacks name the
-    setter. The recorder's blame is then the waits' aftermath, not a departure."""
+    """The flight recorder blames ranks (or names them among candidates) for waiting in no op while their
+    stacks show them waiting for another rank (in a recv, a collective it did not record, the job's store):
+    they never issued the collective the others wait in because they wait themselves. The recorder's blame is
+    then the waits' aftermath, not a departure; the stacks say whom they wait for."""
     stacks = present.get("stacks")
-    if assessment.source != "flight_recorder" or stacks is None or not stacks.culprits:
+    idle = assessment.facts.get("in_no_op", ())
+    if assessment.source != "flight_recorder" or stacks is None or not idle:
         return False
+    if not set(assessment.culprits) <= set(idle):
+        return False  # it blames others too, on evidence of its own
     states = stacks.facts.get("state_by_rank", {})
-    return all(states.get(str(rank)) in _WAITING_OUTSIDE_C10D for rank in assessment.culprits)
+    return all(states.get(str(rank)) in _WAITING_FOR_A_PEER for rank in idle)
 
 
 def _category(lead: Assessment, present: dict[str, Assessment], diagnosing_a_hang: bool) -> str:

@@ -54,8 +54,8 @@ def positions(dumps: Mapping[int, ProcessStack]) -> dict[int, RankPosition]:
 
 
 def _place(thread: ThreadStack) -> tuple:
-    """A main thread's place: its Python frames and whether it is idle (native frames aside)."""
-    return (tuple((f.short_file or f.file, f.line, f.function) for f in thread.python_frames), thread.active)
+    """A main thread's place: its Python frames (native frames aside)."""
+    return tuple((f.short_file or f.file, f.line, f.function) for f in thread.python_frames)
 
 
 def _alike_with_native(found: dict[int, RankPosition], dumps: Mapping[int, ProcessStack]) -> dict[int, RankPosition]:

@@ -31,7 +31,6 @@ from torchtriage.sources.flight_recorder import LoadResult, P2POp, RankDump
 
 _STATELESS = frozenset(("scheduled", ""))  # gloo records every entry as scheduled: its states say nothing
 P2P_UNRECORDED = "a send or recv"  # the op of a rank in a p2p op its recorder does not record (gloo)
-UNNAMED_GROUP = "pg id "  # a group no entry names, by its process-local id (gloo's pipeline groups)
 
 
 @dataclass(frozen=True)
@@ -240,11 +239,13 @@ def first_pending(dump: RankDump) -> IssuedOp | None:
 
 
 def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp | None:
-    if last is None:  # no collective recorded: gloo may still count a send or recv in flight
-        return None if stateful else _in_unrecorded_group(dump, None)
+    if last is None:
+        return None
     if stateful:
         return first_pending(dump)
-    # Gloo: the groups whose pg_status counts more ops enqueued than completed have one in flight.
+    # Gloo: the groups whose pg_status counts more collectives enqueued than completed have one in flight. (It
+    # counts collectives only, by op id, and only in groups with a recorded entry: a send or recv in flight
+    # shows in no counter.)
     statuses = {name: dump.status(name) for name in dump.tracks}
     if all(status is None for status in statuses.values()):
         return last  # no counters at all: a rank's last op is taken to be where it waits
@@ -254,40 +255,9 @@ def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp 
         if status is not None and status[2] < status[0] and dump.tracks[name].indices
     ]
     if not in_flight:
-        return _in_unrecorded_group(dump, last)
+        return None
     _, name = max(in_flight)  # the latest, in record order
-    track, status = dump.tracks[name], statuses[name]
-    if track.op_ids and 0 <= track.op_ids[-1] < status[0]:
-        # gloo counts every op of the group by its op id, sends and recvs included, and records only the
-        # collectives: the op in flight was issued after the last recorded one, so it is a send or recv.
-        last = _op(dump, name, len(track.indices) - 1)
-        return IssuedOp(name, last.seq, P2P_UNRECORDED, None, last.index, None)
-    return _op(dump, name, len(track.indices) - 1)
-
-
-def _in_unrecorded_group(dump: RankDump, last: IssuedOp | None) -> IssuedOp | None:
-    """gloo: an op in flight in a group of which the dump holds no entry (its `pg_status` counts it; no entry
-    maps its pg id to a name). gloo records collectives only, so that group ran only sends and recvs (a
-    pipeline's): the rank waits in one of them, for a peer the dump cannot name."""
-    for pg_id, (enqueued, _, completed) in _p2p_only_groups(dump):
-        if completed < enqueued:
-            return _unrecorded_op(pg_id, last)
-    return None
-
-
-def _p2p_only_groups(dump: RankDump) -> list[tuple[str, tuple[int, int, int]]]:
-    """The groups a gloo dump counts ops of (`pg_status`) but holds no entry of: groups of sends and recvs. Only
-    gloo's dumps (whose `pg_config` names no group): an NCCL dump without entries is an onlyActive one, whose
-    counters stand for the collectives it no longer holds."""
-    if dump.pg_config:
-        return []
-    named = set(dump.pg_ids.values())
-    return [(pg_id, status) for pg_id, status in sorted(dump.pg_status.items()) if pg_id not in named and status[0] > 0]
-
-
-def _unrecorded_op(pg_id: str, last: IssuedOp | None) -> IssuedOp:
-    seq, index = (last.seq, last.index) if last is not None else (0, -1)
-    return IssuedOp(UNNAMED_GROUP + pg_id, seq, P2P_UNRECORDED, None, index, None)
+    return _op(dump, name, len(dump.tracks[name].indices) - 1)
 
 
 def unrecorded_between(dump: RankDump, name: str) -> list[int]:
@@ -301,12 +271,9 @@ def unrecorded_between(dump: RankDump, name: str) -> list[int]:
 
 
 def _likely_in_p2p(dump: RankDump, last: IssuedOp | None) -> bool:
-    """Idle by its counters, in a job whose steps put unrecorded ops (sends, recvs) between collectives, or
-    that has a group of sends and recvs only (a pipeline's, which no entry names): it is more likely in one of
-    them than in none. (gloo's `last_completed` is the op that completed last, so a batch whose send completed
-    before its recv reads as done.)"""
-    if _p2p_only_groups(dump):
-        return True
+    """Idle by its counters, in a job whose steps put unrecorded ops (sends, recvs) between collectives: it is
+    more likely in one of them than in none. (gloo's `last_completed` is the op that completed last, so a batch
+    whose send completed before its recv reads as done.)"""
     return last is not None and any(unrecorded_between(dump, last.group))
 
 
@@ -372,12 +339,8 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
             # until it timed out or failed (gloo then counts it completed), and dumped afterwards.
             program.waiting = program.last
         elif program.waiting is None and program.maybe_in_p2p:
-            p2p_only = _p2p_only_groups(program.dump)
-            if p2p_only:
-                program.waiting = _unrecorded_op(p2p_only[0][0], program.last)
-            else:
-                last = program.last
-                program.waiting = IssuedOp(last.group, last.seq, P2P_UNRECORDED, None, last.index, None)
+            last = program.last
+            program.waiting = IssuedOp(last.group, last.seq, P2P_UNRECORDED, None, last.index, None)
         waiting = program.waiting
         if waiting is not None and waiting.op == P2P_UNRECORDED:
             graph.edges[rank], graph.unknown[rank] = nobody, frozenset(members_of(rank, waiting.group)) - {rank}
@@ -482,16 +445,25 @@ def _strongly_connected(edges: dict) -> list[list]:
     return components
 
 
-def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
-    """The sink the waits end in, or the cycle they end in and the rank that departed first."""
+PROGRESS_STOPPED = "its peers completed the op its dump still lists as pending"
+
+
+def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> WaitFor:
+    """The sink the waits end in, a rank whose progress stopped, or the cycle the waits end in and the rank that
+    departed first."""
     distinct = {id(targets): targets for targets in graph.edges.values() if targets}
     waited = frozenset().union(*distinct.values())
-    if not waited:  # nobody waits for a rank with a dump: the waits may end in ranks without one
-        return _ends_without_dump(graph, frozenset(graph.edges))
     sinks = sorted(m for m in waited if programs[m].waiting is None)
+    stopped = _progress_stopped(programs, members_of, frozenset(graph.edges)) if members_of is not None else []
+    if stopped and not sinks:
+        graph.kind, graph.culprits, graph.decided_by = "stopped", stopped, PROGRESS_STOPPED
+        return graph
+    if not waited:  # nobody waits for a rank with a dump: the waits may end in ranks without one
+        return _ends_without_dump(graph, frozenset(graph.edges), programs)
     if sinks:
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
         return graph
+
     in_p2p = sorted(m for m in waited if programs[m].waiting.op == P2P_UNRECORDED)
     if in_p2p:
         # The others wait for ranks that wait in a send or recv no dump records: its peer may be the rank
@@ -504,7 +476,7 @@ def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
         return graph
     cycle = _deadlocked(graph)
     if not cycle:
-        return _ends_without_dump(graph, waited)
+        return _ends_without_dump(graph, waited, programs)
 
     graph.kind, graph.cycle = "cycle", cycle
     culprits, decided_by, departure = _first_departure(cycle, programs)
@@ -514,17 +486,85 @@ def decide(graph: WaitFor, programs: dict[int, Program]) -> WaitFor:
     return graph
 
 
-def _ends_without_dump(graph: WaitFor, waited: frozenset) -> WaitFor:
+def _progress_stopped(programs: dict[int, Program], members_of, waited: frozenset) -> list[int]:
+    """Ranks others wait for whose own op waited in a peer completed (NCCL records states): a collective cannot
+    complete on one member while another's kernel never ran, nor a send without its recv. The rank's dump lists
+    as pending what its peers saw complete: its device stopped (a kernel that never returns, a fault) or its
+    progress thread stopped updating its recorder (a wedged process)."""
+    found = []
+    for rank in sorted(waited):
+        program = programs[rank]
+        op = program.waiting
+        if op is None or not program.stateful or op.op == P2P_UNRECORDED:
+            continue
+        members = members_of(rank, op.group)
+        if op.peer is None:
+            # Only the same op: a collective whose sizes differ completes on the ranks with the smaller count.
+            key = _key_at(program, op)
+            done = any(_completed_at(programs.get(m), op, key) for m in members if m != rank)
+        else:
+            done = _peer_completed(programs, members, rank, op)
+        if done:
+            found.append(rank)
+    return found
+
+
+def _key_at(program: Program, op: IssuedOp) -> str | None:
+    track = program.dump.tracks.get(op.group)
+    at = bisect_left(track.seqs, op.seq) if track is not None else 0
+    return track.keys[at] if track is not None and at < len(track.seqs) and track.seqs[at] == op.seq else None
+
+
+def _completed_at(program: Program | None, op: IssuedOp, key: str | None) -> bool:
+    """This rank completed the same op (comparison key) at op's seq of its group."""
+    track = program.dump.tracks.get(op.group) if program is not None else None
+    if track is None or key is None:
+        return False
+    at = bisect_left(track.seqs, op.seq)
+    found = at < len(track.seqs) and track.seqs[at] == op.seq
+    done = found and track.states[at] == "completed" and track.keys[at] == key
+    return done and _seen_complete(program.dump, op.group, op.seq)
+
+
+def _seen_complete(dump: RankDump, group: str, seq: int) -> bool:
+    """Whether the rank's watchdog saw the op of this seq complete (`pg_status.last_completed_collective`;
+    NCCL counts a send's or recv's own p2p seq there). An entry's `completed` alone is not enough: an op
+    still connecting its channels (NCCL's runtime connect, at the first op of an algorithm) is recorded with
+    no end event, and an end event never recorded reads as completed. Dumps without counters: the state."""
+    status = dump.status(group)
+    return status is None or status[2] >= seq
+
+
+def _peer_completed(programs: dict[int, Program], members: tuple[int, ...], rank: int, op: IssuedOp) -> bool:
+    """The peer completed the send or recv this one pairs with. Not for an op of a batch: a batch's ops take its
+    marker's state, and the batch waits for all of them while its peer's op may have completed."""
+    record = op.record
+    if record.batch >= 0:
+        return False
+    local = record.dst if record.kind == "send" else record.src
+    if not 0 <= local < len(members) or members[local] == rank or members[local] not in programs:
+        return False
+    try:
+        paired = counterpart(op.group, programs[rank].dump, programs[members[local]].dump, record)
+    except LookupError:
+        return False
+    same = paired is not None and (paired.sizes, paired.dtypes) == (record.sizes, record.dtypes)
+    done = same and paired.state == "completed"
+    return done and _seen_complete(programs[members[local]].dump, op.group, paired.seq)
+
+
+def _ends_without_dump(graph: WaitFor, waited: frozenset, programs: dict[int, Program]) -> WaitFor:
     """The ranks others wait for wait only for members that left no dump: the waits end there. One such rank
-    is the culprit (it died, or hangs where nothing recorded it); several are candidates."""
-    ends = [r for r in waited if not graph.edges.get(r) and graph.unknown.get(r)]
+    is the culprit (it died, or hangs where nothing recorded it); several are candidates. (A peer whose dump
+    cannot be aligned with this rank's is unknown too, but it left a dump: the waits do not end there.)"""
+    ends = [r for r in waited if not graph.edges.get(r) and graph.unknown.get(r, frozenset()) - programs.keys()]
     if not ends and waited & graph.unaccounted:
         graph.kind, graph.decided_by = "no_dump", "undecided"
         graph.departure = {"waiting_for_it": sorted(waited & graph.unaccounted)}
         return graph  # held by a member no dump names: the dumps cannot say who
     if not ends:
         return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
-    missing = sorted(frozenset().union(*(graph.unknown[r] for r in ends)))
+    missing = sorted(frozenset().union(*(graph.unknown[r] for r in ends)) - programs.keys())
     graph.kind = "no_dump"
     if len(missing) == 1:
         graph.culprits, graph.decided_by = missing, "the ranks others wait for wait for it, and it left no dump"

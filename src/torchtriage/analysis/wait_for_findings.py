@@ -69,6 +69,17 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             facts |= {"seq": last[0].seq + 1, "group": label_of(culprits[0], last[0].group)}
             if last[0].site:
                 facts["site"] = last[0].site
+    elif graph.kind == "stopped":
+        clauses = []
+        for rank in culprits[:8]:
+            op = programs[rank].waiting
+            clauses.append(f"rank {rank}'s dump lists {op.what(label_of(rank, op.group))} as pending")
+        message = (
+            f"{'; '.join(clauses)}, which its peers completed: its device stopped (a kernel that never returns, a "
+            "GPU fault) or its progress thread stopped updating its flight recorder (a wedged process); "
+            f"{_waits(graph, programs, label_of, waiting)}"
+        )
+        kind, evidence_ranks = "fr.progress_stopped", culprits
     elif graph.kind == "no_dump":
         missing = culprits or graph.candidates
         ends = graph.departure.get("waiting_for_it", [])

@@ -239,15 +239,16 @@ def capture_stacks(
 
 
 def _unclear_places(folder: Path, processes: Sequence[ProcessCapture]) -> dict[tuple, ProcessCapture]:
-    """One process per place where a main thread sits idle in a C call its Python frames do not name (the
-    job's own line: store.get, a socket's recv, .item() waiting for the device, time.sleep; or inside
-    backward): its native frames tell which, and the ranks at the same place take its reading."""
+    """One process per place where a main thread sits in a C call its Python frames do not name (the job's own
+    line: store.get, a socket's recv, .item() waiting for the device, time.sleep; or inside backward): its
+    native frames tell which, and the ranks at the same place take its reading."""
     from torchtriage.analysis.positions import BACKWARD_OP, classify_frames
     from torchtriage.errors import InputError
     from torchtriage.model import RankState
     from torchtriage.sources.pyspy import read_dump
 
-    unclear = (RankState.SLEEPING, RankState.BLOCKED, RankState.NO_STACK)
+    # Running the job's own line may be spinning in a C call too (a CUDA sync under .item() spins): natives tell.
+    unclear = (RankState.SLEEPING, RankState.BLOCKED, RankState.NO_STACK, RankState.COMPUTING)
     chosen: dict[tuple, ProcessCapture] = {}
     for process in sorted(processes, key=lambda p: (p.target.rank is None, p.target.rank or 0)):
         text = next((name for name in process.files if name.endswith(".txt")), None)
@@ -258,7 +259,7 @@ def _unclear_places(folder: Path, processes: Sequence[ProcessCapture]) -> dict[t
         except (InputError, ValueError):
             continue
         thread = stack.main_thread()
-        if thread is None or thread.active or any(f.native for f in thread.frames):
+        if thread is None or any(f.native for f in thread.frames):
             continue
         state, op, _ = classify_frames(thread.frames, thread.active)
         if state in unclear or op == BACKWARD_OP:

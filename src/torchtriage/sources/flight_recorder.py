@@ -51,9 +51,10 @@ _PICKLE_HEAD = re.compile(rb"\A\x80[\x02-\x05]")
 # Ops that are p2p by name even when an old dump lacks `is_p2p`.
 _P2P_OPS = ("send", "recv")
 _ALL_TO_ALL = ("all_to_all", "alltoall")
-# Ops whose ranks legitimately pass different sizes on one side (root vs non-root).
-_ROOT_INPUT_ONLY = ("gather",)
-_ROOT_OUTPUT_ONLY = ("scatter",)
+# Ops whose root passes a list where the other ranks pass one tensor or none: their sizes and dtypes differ by
+# rank legitimately, and which side the recorder files the list under differs too (a real NCCL scatter
+# records the root's list as its output, an empty [0] of an unknown dtype elsewhere). Only the op is compared.
+_ROOTED = ("gather", "scatter")
 
 
 class Signature(NamedTuple):
@@ -247,10 +248,8 @@ def _compare_key(sig: Signature) -> str:
     op = sig.op
     if any(op.startswith(prefix) for prefix in _ALL_TO_ALL):
         return f"{op}|{sig.input_dtypes}|{sig.output_dtypes}"  # sizes differ per rank; totals are checked apart
-    if op in _ROOT_INPUT_ONLY:
-        return f"{op}|{sig.input_sizes}|{sig.input_dtypes}"
-    if op in _ROOT_OUTPUT_ONLY:
-        return f"{op}|{sig.output_sizes}|{sig.output_dtypes}"
+    if op in _ROOTED:
+        return op
     return f"{op}|{sig.input_sizes}|{sig.output_sizes}|{sig.input_dtypes}|{sig.output_dtypes}"
 
 
