@@ -188,3 +188,26 @@ def test_nccl_oom_on_one_rank_is_the_cause_and_the_sigterm_of_its_peer_collatera
     assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [1])
     assert verdict["facts"]["user_frame"]["line"] == 58
     assert verdict["facts"]["exit_codes"] == {"0": -15, "1": 1}
+
+
+def test_a_rank_that_exits_without_an_error_is_named_from_its_silence():
+    # Rank 1 returned from the job (exit 0): ranks 0, 2 and 3 lose their connection to it in their all_reduce.
+    code, verdict = triage_json(LOGS / "gloo_exit_rank1_4ranks" / "run.log")
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["culprit_ranks"] == [1] and verdict["confidence"] == "medium"
+    assert verdict["facts"]["silent_ranks"] == [1]
+    assert any(f["kind"] == "logs.silent_rank" and f["blames"] for f in verdict["findings"])
+
+
+def test_the_highest_rank_exiting_leaves_no_trace_and_no_rank_is_named():
+    # Rank 3 of 4 exits: nothing in the logs says the world had a fourth rank.
+    code, verdict = triage_json(LOGS / "gloo_exit_rank3_4ranks" / "run.log")
+    assert verdict["culprit_ranks"] == [] and verdict["confidence"] == "low"
+
+
+def test_where_the_survivors_of_a_peer_that_left_were_blames_none_of_them():
+    # A generated program (tests/jobs/sim_program.py, seed 3): rank 0 exits; rank 1 is in its own group's
+    # all_gather, ranks 2-3 in backward. All lost a peer; none timed out: where they were is not a departure.
+    code, verdict = triage_json(LOGS / "gloo_exit_other_groups" / "run.log")
+    assert verdict["culprit_ranks"] == [0] and verdict["confidence"] == "medium"
+    assert not any(f["kind"] == "logs.collective_mismatch" for f in verdict["findings"])

@@ -18,6 +18,8 @@ mode; the culprit does what HANG_MODE says:
     dataloader  waits for a batch that a DataLoader worker is stuck fetching
     lock        deadlocks itself on a threading.Lock it already holds
     busy        computes forever in Python instead of joining (its main thread moves: it is not stalled)
+    exit        returns from the job and exits 0 (no error of its own): the job does not hang, its peers'
+                connections to it close and they fail ("Connection closed by peer")
 
 HANG_CULPRIT defaults to 1; HANG_CULPRIT=0 gives the rank-0 variants. The process-group timeout is
 600 s (HANG_TIMEOUT_S), so the job hangs until it is killed. torchrun starts each worker in a session
@@ -42,7 +44,7 @@ from _common import env_int, exit_when_orphaned  # the job folder is on sys.path
 WARMUP_STEPS = 3
 SIZE = 1024
 FOREVER_S = 3600
-MODES = ("skip", "op", "size", "barrier", "subgroup", "dataloader", "lock", "busy")
+MODES = ("skip", "op", "size", "barrier", "subgroup", "dataloader", "lock", "busy", "exit")
 
 
 def peer_all_reduce(tensor: torch.Tensor, group=None) -> None:
@@ -51,6 +53,10 @@ def peer_all_reduce(tensor: torch.Tensor, group=None) -> None:
 
 def culprit_skip(tensor: torch.Tensor) -> None:
     time.sleep(FOREVER_S)  # the culprit never joins the all_reduce
+
+
+def culprit_exit(tensor: torch.Tensor) -> None:
+    sys.exit(0)  # leaves the loop early and ends, as a rank whose data ran out first would
 
 
 def culprit_op(tensor: torch.Tensor) -> None:

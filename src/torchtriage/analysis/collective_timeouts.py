@@ -1,6 +1,7 @@
 """For a collective timeout or hang: which rank never joined the collective the others wait in.
 
-Three readings of the logs, tried in order; the first that singles someone out decides:
+Where a rank timed out, three readings of the logs, tried in order; the first that singles someone out
+decides:
 
 1. the same collective (process group, sequence number) reported with a different op or size;
 2. the watchdog's progress counters: where three or more ranks report, the minority whose last
@@ -10,6 +11,9 @@ Three readings of the logs, tried in order; the first that singles someone out d
    says so instead of guessing;
 3. the Python tracebacks: a rank whose stack is in another collective, or in none, while the ranks
    that timed out wait in one.
+
+Where no rank timed out and every rank that reports lost a peer (a connection closed or reset), where the
+survivors were says nothing of who left (`silent_ranks`).
 """
 
 from __future__ import annotations
@@ -250,3 +254,26 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     if finding is not None:
         findings.append(finding)
     return culprits, findings, facts
+
+
+def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
+    """Every rank that reports lost its connection to a peer and none timed out: the peer went away first.
+    Ranks are numbered from 0, so a rank below the highest seen that appears in no line of the logs existed
+    and left no trace: it exited or was killed without an error of its own. One such rank is the culprit;
+    several are candidates; none (the highest ranks leave no trace) leaves the culprit unknown."""
+    seen = records.ranks_seen
+    if not seen:
+        return [], [], {}
+    silent = sorted(set(range(max(seen) + 1)) - seen)
+    if not silent:
+        return [], [], {}
+    reporting = format_ranks(sorted(seen))
+    message = (
+        f"{format_ranks(silent)} appear{'s' if len(silent) == 1 else ''} in no line of the logs while {reporting} "
+        f"lost {'its' if len(seen) == 1 else 'their'} connection to a peer: "
+        f"{'it' if len(silent) == 1 else 'one of them'} exited or was killed without an error of its own"
+    )
+    role = "primary" if len(silent) == 1 else "symptom"
+    facts = {} if len(silent) == 1 else {"undecided": True}
+    finding = Finding("logs.silent_rank", silent, message, role, "hang", [], facts)
+    return (silent if len(silent) == 1 else []), [finding], {"silent_ranks": silent}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits
+from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.stall import (
@@ -55,6 +55,11 @@ class _Candidate:
     order: int
     text: str
     event: LogEvent | None = None
+
+
+# The findings that single out the culprit of a hang from the logs: the timeout readings, and the rank that left
+# no line while its peers lost their connections to it.
+_BLAMING_KINDS = (*TIMEOUT_KINDS, "logs.silent_rank")
 
 
 def _effective_roles(events: list[LogEvent]) -> list[str]:
@@ -334,7 +339,10 @@ def assess_logs(records: LogRecords) -> Assessment:
 
     if primary.category in ("nccl_timeout", "hang"):
         waiting = {c.rank for c in same_failure if c.rank is not None}
-        hang_culprits, hang_findings, hang_facts = collective_culprits(records, waiting)
+        if primary.role == "collateral":  # no rank timed out: each lost a peer, wherever it was
+            hang_culprits, hang_findings, hang_facts = silent_ranks(records)
+        else:
+            hang_culprits, hang_findings, hang_facts = collective_culprits(records, waiting)
         facts.update(hang_facts)
         findings[0:0] = hang_findings
         if hang_culprits:
@@ -349,7 +357,7 @@ def assess_logs(records: LogRecords) -> Assessment:
     named_by = None
     if not culprits:
         culprits, named_by = _ranks_the_lines_name(candidates, primary.category, records, facts)
-    blaming = next((f for f in findings if f.kind in TIMEOUT_KINDS and f.ranks == culprits and culprits), None)
+    blaming = next((f for f in findings if f.kind in _BLAMING_KINDS and f.ranks == culprits and culprits), None)
     if blaming is None and culprits and lead.role == "primary" and lead.ranks == culprits:
         blaming = lead
     if blaming is None and named_by is not None:
@@ -392,6 +400,8 @@ def assess_logs(records: LogRecords) -> Assessment:
     confidence = {"primary": "high", "symptom": "medium", "collateral": "low"}[primary.role]
     if blaming is not None and blaming.kind in TIMEOUT_KINDS:
         confidence = "high"  # the ranks' own records single the culprit out
+    elif blaming is not None and blaming.kind == "logs.silent_rank":
+        confidence = "medium"  # read from an absence: a rank whose lines carry no rank prefix looks silent too
     elif primary.kind == UNCAUGHT_EXCEPTION:
         # An exception no rule knows: its category is read from where it was raised or from its type.
         placed = culprits or primary.category != "unknown"
@@ -411,14 +421,11 @@ def assess_logs(records: LogRecords) -> Assessment:
     )
 
 
-_CULPRIT_FINDINGS = TIMEOUT_KINDS
-
-
 def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findings: list[Finding]) -> str:
     """One line: what failed, with its key facts, then who started it and where."""
     detail = _summary_detail(facts)
     head = f"{primary.title} ({detail})" if detail else primary.title
-    lead = next((f for f in findings if f.kind in _CULPRIT_FINDINGS), None)
+    lead = next((f for f in findings if f.kind in _BLAMING_KINDS), None)
     if lead is not None:
         return f"{head}; {lead.message}"
     if not culprits and primary.role == "primary":
