@@ -45,6 +45,28 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 WARMUP_STEPS = 3
 HIDDEN = 32
 LR = 0.05
+# BACKEND=nccl runs the cases marked for it on GPUs (tests/gpu/record_api_hangs_nccl.sh); with more ranks than
+# GPUs the ranks share them, each another host to NCCL (NCCL_HOSTID), as tests/jobs/cross_group.py does.
+BACKEND = os.environ.get("BACKEND", "gloo")
+NCCL_CASES = ("ddp_skip_backward", "fsdp2_skip_block", "dtensor_mesh_skip", "all_gather_object_skip", "store_get")
+
+
+def device() -> torch.device:
+    if BACKEND != "nccl":
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
+def on_device(pairs):
+    for x, y in pairs:
+        yield x.to(device()), y.to(device())
+
+
+def read_back(loss: torch.Tensor) -> None:
+    """A training loop that logs its loss reads it back every step: on NCCL, where collectives return at once,
+    that is where a rank waits for a peer."""
+    if BACKEND == "nccl":
+        loss.item()
 
 
 # --- scaffolding -------------------------------------------------------------------------------------
@@ -62,7 +84,7 @@ def mlp(norm: bool = False) -> nn.Sequential:
     if norm:
         layers.append(nn.BatchNorm1d(HIDDEN))  # buffers: DDP broadcasts them from rank 0 at every forward
     layers += [nn.ReLU(), nn.Linear(HIDDEN, 1)]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(device())
 
 
 def sgd(model: nn.Module) -> torch.optim.Optimizer:
@@ -87,7 +109,7 @@ def ddp_skip_backward(rank: int, world: int, culprit: int) -> None:
     Culprit: CULPRIT (default 1)."""
     model = DDP(mlp(norm=True))
     opt = sgd(model)
-    for step, (x, y) in enumerate(batches(rank, WARMUP_STEPS + 2)):
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
         if step == WARMUP_STEPS:
             ready(rank)
             if rank == culprit:
@@ -174,12 +196,12 @@ def fsdp2_skip_block(rank: int, world: int, culprit: int) -> None:
     an all-gather meets a reduce-scatter. Culprit: CULPRIT (default 1)."""
     from torch.distributed.fsdp import fully_shard
 
-    model = Tower()
+    model = Tower().to(device())
     for block in model.blocks:
         fully_shard(block)
     fully_shard(model)
     opt = sgd(model)
-    for step, (x, y) in enumerate(batches(rank, WARMUP_STEPS + 2)):
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
         if step == WARMUP_STEPS:
             ready(rank)
         drop = 1 if (step == WARMUP_STEPS and rank == culprit) else None  # layer drop, unsynchronised RNG
@@ -187,6 +209,7 @@ def fsdp2_skip_block(rank: int, world: int, culprit: int) -> None:
         loss.backward()  # [fsdp2_skip_block] culprit waits
         opt.step()
         opt.zero_grad()
+        read_back(loss)
     end_of_training()
 
 
@@ -241,12 +264,12 @@ def dtensor_mesh_skip(rank: int, world: int, culprit: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(device().type, (2, 2), mesh_dim_names=("dp", "tp"))
     model = parallelize_module(mlp(), mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = sgd(model)
     dp_group = mesh.get_group("dp")
     dp_rank = mesh.get_local_rank("dp")
-    for step, (x, y) in enumerate(batches(dp_rank, WARMUP_STEPS + 2)):  # the same batch within a tp group
+    for step, (x, y) in enumerate(on_device(batches(dp_rank, WARMUP_STEPS + 2))):  # one batch per tp group
         if step == WARMUP_STEPS:
             ready(rank)
         loss = F.mse_loss(model(x), y)  # [dtensor_mesh_skip] culprit waits
@@ -274,7 +297,7 @@ def all_gather_object_skip(rank: int, world: int, culprit: int) -> None:
     gradient all-reduce) while its peers wait in the gather. Culprit: CULPRIT (default 1)."""
     model = DDP(mlp())
     opt = sgd(model)
-    for step, (x, y) in enumerate(batches(rank, WARMUP_STEPS + 2)):
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
         if step == WARMUP_STEPS:
             ready(rank)
         loss = F.mse_loss(model(x), y)
@@ -400,7 +423,7 @@ def store_get(rank: int, world: int, culprit: int) -> None:
     store = dist.distributed_c10d._get_default_store()
     model = DDP(mlp())
     opt = sgd(model)
-    for step, (x, y) in enumerate(batches(rank, WARMUP_STEPS + 2)):
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
         if step == WARMUP_STEPS:
             ready(rank)
         if rank == 0:
@@ -413,6 +436,7 @@ def store_get(rank: int, world: int, culprit: int) -> None:
         loss.backward()  # [store_get] culprit waits
         opt.step()
         opt.zero_grad()
+        read_back(loss)
     end_of_training()
 
 
@@ -553,7 +577,14 @@ def main() -> None:
         raise SystemExit(f"CASE={case!r} is not one of {', '.join(CASES)}")
     culprit = env_int("CULPRIT", 1)
     exit_when_orphaned()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=env_int("HANG_TIMEOUT_S", 600)))
+    timeout = timedelta(seconds=env_int("HANG_TIMEOUT_S", 600))
+    if BACKEND == "nccl":
+        if case not in NCCL_CASES:
+            raise SystemExit(f"CASE={case} runs on gloo only (BACKEND=nccl: {', '.join(NCCL_CASES)})")
+        if int(os.environ.get("LOCAL_RANK", "0")) >= torch.cuda.device_count():
+            os.environ["NCCL_HOSTID"] = f"api-hangs-rank-{os.environ['RANK']}"  # a GPU shared: another host
+        torch.cuda.set_device(device())
+    dist.init_process_group(BACKEND, timeout=timeout)
     CASES[case][0](dist.get_rank(), dist.get_world_size(), culprit)
 
 

@@ -1,0 +1,84 @@
+"""Real hangs written with the frameworks' own APIs (tests/jobs/api_hangs.py: DDP, FSDP2, DTensor meshes,
+pipelining, object collectives, DCP, ZeRO, the store, sockets, threads, new_group), recorded bare (what
+`diagnose --pid` captured) and armed (what `torchtriage run`'s watchdog left), on gloo and on NCCL (four or
+two ranks sharing one H200). See tests/fixtures/api_hangs/README.md.
+
+What a user relies on: the rank named is the one that departed; where the evidence cannot decide, it names
+candidates that hold it; a verdict at high confidence is never wrong; the culprit's line is where it left.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from torchtriage.analysis.postmortem import diagnose_paths
+
+RECORDED = FIXTURES / "api_hangs"
+# case -> the rank that departed (tests/jobs/api_hangs.py's docstrings)
+CULPRIT = {
+    "ddp_skip_backward": 1,
+    "ddp_uneven_inputs": 1,
+    "rank0_barrier": 0,
+    "fsdp2_skip_block": 1,
+    "pipeline_skip_send": 1,
+    "dtensor_mesh_skip": 1,
+    "all_gather_object_skip": 1,
+    "dcp_save_skip": 1,
+    "socket_recv": 1,
+    "store_get": 0,
+    "checkpoint_thread_deadlock": 1,
+    "dataloader_fork_lock": 1,
+    "new_group_skip": 1,
+    "zero_consolidate": 1,
+}
+# Two ranks, one of which made a call it never made before (a checkpoint's, a consolidation's first collective)
+# while the other went on: one made an extra call, or the other skipped a new phase. No artifact tells which.
+TWO_STORIES = ("dcp_save_skip", "zero_consolidate")
+
+
+def recordings() -> list[tuple[str, str, str]]:
+    found = []
+    for folder in sorted(RECORDED.glob("*/*/*")):
+        backend, case, mode = folder.parts[-3:]
+        if folder.is_dir() and case in CULPRIT:
+            found.append((backend, case, mode))
+    return found
+
+
+def verdict_of(backend: str, case: str, mode: str):
+    return diagnose_paths([str(RECORDED / backend / case / mode)])
+
+
+@pytest.mark.parametrize(("backend", "case", "mode"), recordings())
+def test_the_rank_named_departed_or_the_candidates_hold_it(backend, case, mode):
+    verdict = verdict_of(backend, case, mode)
+    culprit = CULPRIT[case]
+    named = verdict.culprit_ranks
+    if case in TWO_STORIES:
+        assert verdict.confidence != "high", verdict.summary
+        assert named in ([culprit], [1 - culprit]) or culprit in verdict.facts.get("candidates", []), verdict.summary
+        return
+    if named:
+        assert named == [culprit], verdict.summary
+    else:
+        assert culprit in verdict.facts.get("candidates", []), verdict.summary
+
+
+@pytest.mark.parametrize(("backend", "case"), sorted({(b, c) for b, c, m in recordings() if m == "armed"}))
+def test_armed_names_the_culprit(backend, case):
+    if case in TWO_STORIES:
+        pytest.skip("two ranks, two stories: no artifact decides")
+    verdict = verdict_of(backend, case, "armed")
+    assert verdict.culprit_ranks == [CULPRIT[case]], verdict.summary
+
+
+def test_fsdp2_on_nccl_names_the_forward_the_culprit_left():
+    """FSDP2's backward collectives come from autograd's thread (no Python frames on NCCL) and all-gathers of
+    one size complete whichever block they are for: the op mismatch shows seqs after the departure. The line
+    is where the culprit's program first left its peers': the forward's block loop its peers were in."""
+    verdict = verdict_of("nccl", "fsdp2_skip_block", "armed")
+    assert verdict.culprit_ranks == [1] and verdict.confidence == "high"
+    frame = verdict.facts["user_frame"]
+    assert (Path(frame["file"]).name, frame["function"]) == ("api_hangs.py", "forward")
+    assert "from a thread with no Python frames" in verdict.summary
