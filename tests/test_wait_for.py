@@ -567,7 +567,7 @@ def test_live_stacks_with_locals_never_blame_the_blocked_subgroup(case, culprit,
 # --------------------------------------------------------------- what NCCL's buffer cannot show (lazy init)
 
 
-def _three_wait_for_rank_1(folder, eager: bool, backend: str = "nccl"):
+def _three_wait_for_rank_1(folder, eager: bool, backend: str = "nccl", gloo_recorder: bool = True):
     """Ranks 0, 2, 3 wait in the world's all_reduce seq 3; rank 1 completed seq 2 and recorded nothing since.
     NCCL lists a group in `pg_config` once its communicator exists: created eagerly, every rank's dump lists
     the group `tp` of ranks 0-1 it never used; lazily, none does."""
@@ -577,9 +577,14 @@ def _three_wait_for_rank_1(folder, eager: bool, backend: str = "nccl"):
         entries = [entry(1, record=0), entry(2, record=1)]
         if rank != 1:
             entries.append(entry(3, state="scheduled", record=len(entries)))
+        status = None
         for e in entries:
             e["profiling_name"] = e["profiling_name"].replace("nccl:", f"{backend}:")
-        write(folder, rank, entries, world=4, extra_pgs=tp)
+        if backend == "gloo" and gloo_recorder:  # it marks no op completed: its counters say what is in flight
+            for e in entries:
+                e["state"] = "scheduled"
+            status = {"0": {"last_enqueued_collective": len(entries), "last_completed_collective": 2}}
+        write(folder, rank, entries, world=4, extra_pgs=tp, status=status)
     return verdict_of(folder)
 
 
@@ -604,3 +609,11 @@ def test_on_gloo_a_rank_in_no_recorded_op_may_wait_in_a_send_or_recv(tmp_path):
     assert gloo.culprit_ranks == [1] and gloo.confidence == "medium"
     note = next(f for f in gloo.findings if f.kind == "fr.unrecorded_p2p")
     assert note.ranks == [1] and "send or recv" in note.message
+
+
+def test_a_recorder_that_marks_gloos_ops_completed_shows_where_the_rank_waits(tmp_path):
+    # The backend-agnostic recorder (its hooks record every op, sends and recvs too, with states): a rank with
+    # no pending op waits in none, as on NCCL.
+    hooked = _three_wait_for_rank_1(tmp_path / "hooked", eager=False, backend="gloo", gloo_recorder=False)
+    assert hooked.culprit_ranks == [1] and hooked.confidence == "high"
+    assert not any(f.kind.startswith("fr.unrecorded") for f in hooked.findings)

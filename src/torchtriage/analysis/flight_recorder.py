@@ -815,7 +815,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
         findings.append(_unrecorded_finding(unrecorded, dumps))
         confidence = "medium" if confidence == "high" else confidence
         waiting_for_them = {r for r, t in graph.edges.items() if t & set(culprits)}
-        gloo = dumps[culprits[0]].backend == "gloo"
+        gloo = dumps[culprits[0]].backend == "gloo"  # only gloo's own recorder leaves unrecorded p2p
         if (
             set(unrecorded) >= set(culprits)
             and graph.kind == "sink"
@@ -948,6 +948,7 @@ _GRAPH_CONFIDENCE = {
     "its own program order, its peers keeping theirs": "high",
     "its own program order": "medium",
     "its own program order, with a call it never made before": "medium",
+    "its own program order, seen once before": "medium",
     "the ops between its collectives, its peers keeping theirs": "high",
     # The waits end in a rank with no dump: it died, or hangs where nothing recorded it. Its stack (or the
     # capture's note that it has no process) confirms it.
@@ -978,11 +979,13 @@ def _may_wait_unrecorded(
         dump, program = dumps.get(rank), programs.get(rank)
         if dump is None or (program is not None and program.waiting is not None):
             continue
-        if dump.backend == "gloo":
+        if dump.backend == "gloo" and not uses_p2p and not wait_for.records_states(dump):
+            # ProcessGroupGloo's own recorder (torch ≤ 2.13: no states, no sends or recvs); the hook-based
+            # recorder of later versions records both, and then says what this rank waits in.
             found[rank] = ["a send or recv, which gloo does not record"]
             shown = shown or _gloo_unrecorded_ops(dumps)
             continue
-        if dump.backend != "nccl":
+        if not dump.backend.startswith("nccl"):  # nccl, and the nccl2 / ncclx backends' names
             continue
         unrecorded = ["the first collective of a group it has not used before"] if lazy else []
         if uses_p2p and _peers_never_met(rank, dumps, groups):

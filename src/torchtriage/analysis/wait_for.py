@@ -619,21 +619,24 @@ def _after_last_shared(
     return anchor, following
 
 
-def _against_its_history(program: Program, since: int) -> tuple[tuple[IssuedOp, set] | None, bool]:
+def _against_its_history(program: Program, since: int) -> tuple[tuple[IssuedOp, set, int] | None, bool]:
     """How the ops after position `since` follow their predecessors, against this rank's earlier steps:
-    the first that no earlier step had after the same op (with what had followed it), and whether every
-    one of them had (the rank keeps its order). One pass: a cycle may hold thousands of ranks."""
+    the first that no earlier step had after the same op (with what had followed it, and how many times the
+    predecessor was seen), and whether every one of them had (the rank keeps its order). One pass: a cycle
+    may hold thousands of ranks."""
     ops = _upto_waiting(program)
     seen: dict[tuple, set] = {}
+    times: Counter = Counter()
     keeps = len(ops) > max(1, since + 1)
     for at in range(1, len(ops)):
         before, this = ops[at - 1].identity, ops[at].identity
         followers = seen.get(before)
         if at > since:
             if followers and this not in followers:
-                return (ops[at], set(followers)), False
+                return (ops[at], set(followers), times[before]), False
             keeps = keeps and bool(followers)
         seen.setdefault(before, set()).add(this)
+        times[before] += 1
     return None, keeps
 
 
@@ -656,7 +659,7 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
             by_peers = sorted(rank for reader in departing for rank in ranks_like[reader])
             expected = next(op for op in following.values() if op is not None and op.identity == usual)
             detail = {"after": {"group": anchor[0], "seq": anchor[1]}, "peers_issued": expected}
-    own: dict[int, tuple[IssuedOp, set]] = {}
+    own: dict[int, tuple[IssuedOp, set, int]] = {}  # rank -> (the op, what usually followed, times seen)
     kept: set[int] = set()  # ranks whose program shows the order of earlier steps and keeps it
     for reader in readers:
         program = programs[reader]
@@ -677,6 +680,10 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
     if by_history and not by_peers:
         # Every other rank of the cycle kept the order of its earlier steps: the break is this rank's alone.
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
+        if any(own[r][2] < 2 for r in by_history):
+            # What followed that op was seen once: a step that runs an op every few steps (a periodic log, a
+            # checkpoint) follows it otherwise in its turn, and one observation does not make an order.
+            decided = "its own program order, seen once before"
         new_calls = [own[r][0] for r in by_history if _never_issued(programs[r], own[r][0])]
         if new_calls and _made_elsewhere(new_calls, programs, set(cycle)):
             # A call the rank never made before (the end of training's barrier, a checkpoint's first
@@ -736,11 +743,13 @@ def _p2p_departure(programs: dict[int, Program], name: str) -> tuple[list[int], 
     )
 
 
-def _issued(culprits: list[int], following: dict[int, IssuedOp | None], own: dict[int, tuple[IssuedOp, set]]) -> dict:
+def _issued(
+    culprits: list[int], following: dict[int, IssuedOp | None], own: dict[int, tuple[IssuedOp, set, int]]
+) -> dict:
     rank = culprits[0]
     facts: dict = {"rank": rank}
     if rank in own:
-        op, usual = own[rank]
+        op, usual, _ = own[rank]
         facts["issued"] = op
         facts["usually_next"] = sorted(usual, key=str)
     elif following.get(rank) is not None:
