@@ -32,15 +32,10 @@ waits`); `culprit` when only the ranks are right.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import os
 import re
 import shutil
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -48,16 +43,13 @@ ROOT = Path(__file__).resolve().parent.parent
 JOB_REL = "tests/jobs/api_hangs.py"
 JOB = ROOT / JOB_REL
 TORCHRUN = Path(sys.executable).parent / "torchrun"
-LAUNCHER_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-)
+sys.path.insert(0, str(ROOT / "tests"))
+
+from hung_job import clean_environment  # noqa: E402
+from live_job import Job, torchtriage  # noqa: E402
+from live_job import leftovers as live_leftovers  # noqa: E402
+from live_job import provenance as live_provenance  # noqa: E402
+
 MARK = re.compile(r"#\s*\[(\w+)\]\s*(departure|culprit waits|victim waits)")
 
 
@@ -117,152 +109,7 @@ def judge(verdict: dict | None, want: dict) -> str:
     return "culprit" if culprit_ok else "no"
 
 
-# --- processes ----------------------------------------------------------------------------------------
-
-
-def clean_environment(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARIABLES and not k.startswith("TORCHELASTIC_")}
-    return {**env, "PYTHONUNBUFFERED": "1", **extra}
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    found.append(int(entry.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    return found
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def parent(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-class Job:
-    """A launched job: its console in a file, the ranks' pids from their READY lines."""
-
-    def __init__(self, command: list[str], env: dict[str, str], ranks: int, log: Path) -> None:
-        self.ranks = ranks
-        self.log = log
-        self.ready: dict[int, int] = {}
-        self.all_ready = threading.Event()
-        self.seen: set[int] = set()
-        self._file = log.open("w")
-        self._file.write("$ " + " ".join(command) + "\n")
-        self._file.flush()
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self._file.write(line)
-            self._file.flush()
-            if line.startswith("READY ") or " READY rank=" in line or line.startswith("READY"):
-                fields = dict(part.split("=", 1) for part in line.split("READY", 1)[1].split() if "=" in part)
-                self.ready[int(fields["rank"])] = int(fields["pid"])
-                if len(self.ready) == self.ranks:
-                    self.all_ready.set()
-
-    def wait_ready(self, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.all_ready.wait(0.5):
-                return True
-            if self.proc.poll() is not None:
-                return False
-        return False
-
-    def remember(self) -> None:
-        """Note every process below the launcher now, so that kill() reaches them even once orphaned."""
-        self.seen.update(descendants(self.proc.pid))
-
-    @property
-    def agent(self) -> int | None:
-        """torchrun's agent: the parent of the ranks."""
-        for pid in self.ready.values():
-            if alive(pid):
-                return parent(pid)
-        return None
-
-    def ranks_alive(self) -> dict[int, bool]:
-        return {rank: alive(pid) for rank, pid in sorted(self.ready.items())}
-
-    def kill(self) -> None:
-        self.remember()
-        pids = [*self.ready.values(), *self.seen, self.proc.pid]
-        groups = set()
-        for pid in pids:
-            try:
-                groups.add(os.getpgid(pid))
-            except (ProcessLookupError, PermissionError):
-                pass
-        for group in groups:
-            if group > 1 and group != os.getpgrp():
-                try:
-                    os.killpg(group, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        self._reader.join(timeout=5)
-        self._file.close()
-
-
 # --- the modes ----------------------------------------------------------------------------------------
-
-
-def torchtriage(*args: str, timeout: float = 300) -> tuple[int, str, str]:
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "torchtriage", *args],
-            cwd=ROOT,
-            env=clean_environment(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired as err:
-        return 124, (err.stdout or b"").decode() if isinstance(err.stdout, bytes) else (err.stdout or ""), "timeout"
-    return done.returncode, done.stdout, done.stderr
 
 
 def record(folder: Path, mode: str, code: int, stdout: str, stderr: str, seconds: float, note: str = "") -> dict:
@@ -423,24 +270,12 @@ def table(rows: list[dict]) -> str:
 
 
 def provenance() -> dict:
-    """The code that judged: the commit and a digest of the working tree's changes under src/ (another hand
-    may be editing it while the cases run)."""
-
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout if done.returncode == 0 else ""
-
-    diff = git("diff", "HEAD", "--", "src")
-    return {
-        "head": git("rev-parse", "HEAD").strip(),
-        "src_changed": git("diff", "HEAD", "--name-only", "--", "src").split(),
-        "src_diff_sha256": hashlib.sha256(diff.encode()).hexdigest()[:16] if diff else None,
-    }
+    """The commit and the uncommitted changes under src/ the cases ran with."""
+    return live_provenance({"src": "src"})
 
 
 def leftovers() -> list[str]:
-    done = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True)
-    return [line for line in done.stdout.splitlines() if "api_hangs.py" in line and "ps -eo" not in line]
+    return live_leftovers("api_hangs.py")
 
 
 def main() -> int:

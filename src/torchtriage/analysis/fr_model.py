@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from torchtriage.sources.flight_recorder import RankDump
+
 ABSENT = "<not enqueued>"  # the rank never enqueued this seq
 
 
@@ -36,3 +38,10 @@ class Disagreement:
     kind: str = ""  # the finding kind of the culprits' side
     note: str = ""
     detail: dict = field(default_factory=dict)
+
+
+def group_key(dump: RankDump, name: str) -> tuple[str, str | None]:
+    """A process group is its name and its ranks, never its name alone (DeviceMesh names every TP group
+    alike): the key of the group `name` of this dump."""
+    info = dump.pg_config.get(name)
+    return (name, info.ranks_digest if info and info.ranks_digest else None)

@@ -201,9 +201,9 @@ def last_op(dump: RankDump) -> IssuedOp | None:
 def _reach(dump: RankDump, name: str) -> int | None:
     """The last seq this rank issued in group `name`, or None when its dump cannot say.
 
-    The entries say it. `pg_status.last_enqueued_collective` misleads beside them (gloo counts every op
-    there, p2p included, and NCCL overwrites it with a p2p op's own sequence number): it is read only
-    where no entry of the group is left."""
+    The entries say it. `pg_status.last_enqueued_collective` misleads beside them (gloo counts collectives by
+    op id, which sends and recvs take too; NCCL counts a send's or a batch's own p2p sequence number): it is
+    read only where no entry of the group is left."""
     track = dump.tracks.get(name)
     if track is not None and track.seqs:
         return track.seqs[-1]
