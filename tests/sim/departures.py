@@ -156,7 +156,9 @@ def _apply(program: Program, d: Departure, actions: list[Action]) -> tuple[list[
     if kind == "skip":
         if at.kind == "batch" and d.detail:
             kept = tuple(op for i, op in enumerate(at.batch) if i != int(d.detail))
-            return actions[: d.at] + [replace(at, batch=kept)] + actions[d.at + 1 :], False
+            # A batch left empty is no call at all (torch refuses an empty batch_isend_irecv list).
+            rest = [replace(at, batch=kept)] if kept else []
+            return actions[: d.at] + rest + actions[d.at + 1 :], False
         drop = {d.at, d.at + 1} if at.kind == "all_gather_object" else {d.at}
         return [a for i, a in enumerate(actions) if i not in drop], False
     if kind == "extra":
