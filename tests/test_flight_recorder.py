@@ -6,6 +6,7 @@ import gzip
 import json
 import os
 import pickle
+import signal
 from pathlib import Path
 
 import pytest
@@ -493,7 +494,7 @@ def test_column_path_reads_like_the_per_entry_path():
     assert ("0", 10) in mixed.timed_out and ("0", 12) in mixed.timed_out
 
 
-def test_forked_loading_matches_serial_and_survives_a_dead_child(tmp_path, monkeypatch):
+def test_forked_loading_matches_serial_and_a_crashed_reader_costs_its_file_only(tmp_path, monkeypatch):
     from torchtriage.sources import flight_recorder as fr
 
     for rank in range(60):
@@ -502,15 +503,19 @@ def test_forked_loading_matches_serial_and_survives_a_dead_child(tmp_path, monke
     single = load_dumps([str(tmp_path)], jobs=1)
     forked = load_dumps([str(tmp_path)], jobs=3)
     assert forked == single and len(forked.dumps) == 60 and len(forked.problems) == 1
-    parent, load_one = os.getpid(), fr.load_one
+    load_one = fr.load_one
 
-    def dies_in_a_child(path):
-        if os.getpid() != parent:
-            os._exit(9)
+    def crashes_on_rank_7(path):
+        if path.endswith("_7"):
+            os.kill(os.getpid(), signal.SIGSEGV)  # what a crafted file did to the C unpickler
         return load_one(path)
 
-    monkeypatch.setattr(fr, "load_one", dies_in_a_child)
-    assert load_dumps([str(tmp_path)], jobs=3) == single
+    monkeypatch.setattr(fr, "load_one", crashes_on_rank_7)
+    crashed = load_dumps([str(tmp_path)], jobs=3)
+    assert [d.rank for d in crashed.dumps] == [r for r in range(60) if r != 7]
+    said = {Path(p.path).name: p.message for p in crashed.problems}
+    assert "the reader stopped (SIGSEGV)" in said["nccl_trace_rank_7"]
+    assert crashed.dumps == [d for d in single.dumps if d.rank != 7]
 
 
 def _spmd_job(folder: Path, world: int = 40) -> None:
@@ -541,12 +546,13 @@ def test_repeated_dumps_are_read_from_the_template_exactly_as_the_first(tmp_path
 
     _spmd_job(tmp_path)
     fr._templates.clear()
+    monkeypatch.setattr(fr._byte_templates, "find", lambda raw, limits: None)  # the column templates alone
     find, hits = fr._templates.find, []
     monkeypatch.setattr(fr._templates, "find", lambda columns: hits.append(found := find(columns)) or found)
-    with_templates = load_dumps([str(tmp_path)], jobs=1)
+    with_templates = load_dumps([str(tmp_path)], jobs=1, isolate=False)
     assert sum(found is not None for found in hits) >= 30  # each half's ranks repeat the half's first dump
     monkeypatch.setattr(fr._templates, "find", lambda columns: None)
-    assert with_templates == load_dumps([str(tmp_path)], jobs=1)
+    assert with_templates == load_dumps([str(tmp_path)], jobs=1, isolate=False)
     dumps = {d.rank: d for d in with_templates.dumps}
     assert dumps[13].tracks["0"].sites[0].line == 44 and dumps[12].tracks["0"].sites[0].line == 31
     assert ("0", 5) in dumps[1].timed_out and ("0", 5) not in dumps[0].timed_out
@@ -650,7 +656,7 @@ def _ordinary(folder: Path, monkeypatch):
 def test_dumps_that_repeat_a_byte_template_read_exactly_as_the_ordinary_path_reads_them(tmp_path, monkeypatch):
     _twins(tmp_path)
     hits = _byte_hits(monkeypatch)
-    fast = load_dumps([str(tmp_path)], jobs=1)
+    fast = load_dumps([str(tmp_path)], jobs=1, isolate=False)
     assert sum(found is not None for found in hits) >= 6  # each size's ranks after the template's source
     assert fast == _ordinary(tmp_path, monkeypatch)
     dumps = {d.rank: d for d in fast.dumps}
@@ -660,7 +666,7 @@ def test_dumps_that_repeat_a_byte_template_read_exactly_as_the_ordinary_path_rea
 def test_the_spmd_job_reads_the_same_through_byte_templates(tmp_path, monkeypatch):
     _spmd_job(tmp_path)
     hits = _byte_hits(monkeypatch)
-    fast = load_dumps([str(tmp_path)], jobs=1)
+    fast = load_dumps([str(tmp_path)], jobs=1, isolate=False)
     assert sum(found is not None for found in hits) >= 20
     assert fast == _ordinary(tmp_path, monkeypatch)
     assert build_verdict(fast).culprit_ranks == [29]
@@ -691,7 +697,7 @@ def test_a_file_that_departs_from_its_byte_template_reads_as_the_ordinary_path_r
     _twins(tmp_path)
     _variant(tmp_path / "nccl_trace_rank_10", old, new, occurrence)
     hits = _byte_hits(monkeypatch)
-    fast = load_dumps([str(tmp_path)], jobs=1)
+    fast = load_dumps([str(tmp_path)], jobs=1, isolate=False)
     assert fast == _ordinary(tmp_path, monkeypatch), what
     assert sum(found is not None for found in hits) >= 5
     if old == b"completed":
@@ -713,9 +719,9 @@ def test_a_byte_template_serves_only_the_limits_it_was_checked_under(tmp_path, m
 
     _twins(tmp_path)
     _byte_hits(monkeypatch)
-    load_dumps([str(tmp_path)], jobs=1)  # byte templates made under the default limits
+    load_dumps([str(tmp_path)], jobs=1, isolate=False)  # byte templates made under the default limits
     with limits.using(limits.Limits(rank=7)):
-        strict = load_dumps([str(tmp_path)], jobs=1)
+        strict = load_dumps([str(tmp_path)], jobs=1, isolate=False)
         assert strict == _ordinary(tmp_path, monkeypatch)
     assert [d.rank for d in strict.dumps] == list(range(8)) and len(strict.problems) == 4
 
@@ -762,7 +768,7 @@ def test_real_nccl_dumps_of_other_groups_read_as_the_ordinary_path_reads_them(tm
         dump = dump[:at] + (stamp + rank * 10**12).to_bytes(8, "little") + dump[at + 8 :]
         (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(dump)
     hits = _byte_hits(monkeypatch)
-    fast = load_dumps([str(tmp_path)], jobs=1)
+    fast = load_dumps([str(tmp_path)], jobs=1, isolate=False)
     assert sum(found is not None for found in hits) >= 5
     assert fast == _ordinary(tmp_path, monkeypatch)
     dumps = {d.rank: d for d in fast.dumps}

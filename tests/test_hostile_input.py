@@ -11,6 +11,7 @@ import gzip
 import json
 import os
 import pickle
+import pickletools
 import resource
 import subprocess
 import sys
@@ -138,16 +139,24 @@ def _entry0(field, value):
     return change
 
 
+EXPANDS = "it expands to more than 50,000,000 values once its shared references are followed"
+
+
 @pytest.mark.parametrize(
     "field, value, said",
     [
-        ("profiling_name", ladder(), "`entries[0].profiling_name` is a list"),
-        ("state", ladder(), "`entries[0].state` is a list of 2 items, not text"),
-        ("input_sizes", [ladder()] * 3, "not an integer dimension"),
-        ("input_sizes", [[4096] * 50_000] * 50_000, "refer to the same containers over and over"),
-        ("input_dtypes", [ladder()], "not a dtype name"),
-        ("frames", [{"name": ladder(), "filename": "/job/x.py", "line": 1}], "`frames[].name` is a list"),
-        ("process_group", ["0", ladder()], "not a group's name"),
+        # Shared references are refused by the pre-scan before anything is built (sources/pickle_scan.py)...
+        ("profiling_name", ladder(), EXPANDS),
+        ("state", ladder(), EXPANDS),
+        ("input_sizes", [ladder()] * 3, EXPANDS),
+        ("input_sizes", [[4096] * 50_000] * 50_000, EXPANDS),
+        ("frames", [{"name": ladder(), "filename": "/job/x.py", "line": 1}], EXPANDS),
+        # ... small values of the wrong kind by the column checks (sources/fr_checks.py).
+        ("state", ["scheduled", "completed"], "its field `entries[0].state` is a list of 2 items, not text"),
+        ("input_sizes", [[[1]]], "not an integer dimension"),
+        ("input_dtypes", [[1, 2]], "not a dtype name"),
+        ("frames", [{"name": ["f"], "filename": "/job/x.py", "line": 1}], "`frames[].name` is a list"),
+        ("process_group", ["0", ["a"]], "not a group's name"),
         ("collective_seq_id", 10**5000, "an integer of about 5,000 digits"),
         ("collective_seq_id", float("nan"), "not a finite number"),
     ],
@@ -157,8 +166,7 @@ def test_a_crafted_field_refuses_its_dump_only(tmp_path, field, value, said):
     write_dumps(tmp_path, 3, _entry0(field, value))
     code, text = bounded("fr", tmp_path)
     assert code in (exit_codes.OK, exit_codes.PROBLEM_FOUND)  # ranks 0 and 2 are still compared
-    assert "nccl_trace_rank_1: its" in text and said in text
-    assert "no dump for ranks 1" in text or "no dump for rank 1" in text
+    assert f"nccl_trace_rank_1: {said}" in text or ("nccl_trace_rank_1: its" in text and said in text), text
 
 
 def test_a_shared_group_name_and_counters_are_refused(tmp_path):
@@ -169,6 +177,16 @@ def test_a_shared_group_name_and_counters_are_refused(tmp_path):
             data["pg_status"]["0"]["last_started_collective"] = ladder()
 
     write_dumps(tmp_path, 3, change)
+    code, text = bounded("fr", tmp_path)
+    assert f"nccl_trace_rank_0: {EXPANDS}" in text and f"nccl_trace_rank_1: {EXPANDS}" in text
+
+    def small(rank, data):
+        if rank == 0:
+            data["pg_config"]["0"]["name"] = ["a"]
+        if rank == 1:
+            data["pg_status"]["0"]["last_started_collective"] = [1, 2]
+
+    write_dumps(tmp_path, 3, small)
     code, text = bounded("fr", tmp_path)
     assert "nccl_trace_rank_0: its field `pg_config['0'].name` is a list" in text
     assert "nccl_trace_rank_1: its field `pg_status['0'].last_started_collective` is a list" in text
@@ -320,3 +338,57 @@ def test_a_streamed_snapshot_past_the_item_and_depth_limits_is_refused(tmp_path)
     deep.write_bytes(head + b"(" * 5000)
     code, text = bounded("memory", "--limit", "depth=1000", deep)
     assert code == exit_codes.BAD_INPUT and "nests containers more than 1,000 deep" in text
+
+
+# ------------------------------------------------------------- shapes that crash or stall the C unpickler
+
+
+def _splice(data: dict, field: str, fragment: bytes) -> bytes:
+    """`data` pickled with the opcodes `fragment` (which push one value) as the value of key `field`."""
+    marker = "\x00spliced\x00"
+    raw = pickle.dumps({**data, field: marker}, protocol=2)
+    token = b"X" + len(marker).to_bytes(4, "little") + marker.encode()
+    return raw.replace(token, fragment, 1)
+
+
+DEEP_KEY = b"}" + b"K\x00" + b"\x85" * 1_000_000 + b"K\x01s"  # a dict whose key is a tuple a million deep
+# Memo slots of our own, past the genuine dump's.
+_BASE = 1 + max(arg for op, arg, _ in pickletools.genops(pickle.dumps(GENUINE_DUMP, protocol=2)) if "PUT" in op.name)
+
+
+def _laugh(levels: int = 40) -> bytes:
+    """Each tuple holds the one below twice: 2^levels values as a tree, a few hundred bytes."""
+    out = b"K\x00r" + _BASE.to_bytes(4, "little") + b"0"
+    for i in range(levels):
+        below = b"j" + (_BASE + i).to_bytes(4, "little")
+        out += below + below + b"\x86r" + (_BASE + i + 1).to_bytes(4, "little") + b"0"
+    return out + b"j" + (_BASE + levels).to_bytes(4, "little")
+
+
+LAUGH = _laugh()
+
+
+@pytest.mark.parametrize(
+    "field, fragment, said",
+    [
+        ("version", DEEP_KEY, "nests containers more than 200 deep"),
+        ("version", LAUGH, "expands to more than 50,000,000 values"),
+        ("pg_status", b"}" + LAUGH + b"K\x01s", "expands to more than 50,000,000 values"),
+    ],
+    ids=["tuple-key-a-million-deep", "version-laugh", "laugh-as-a-key"],
+)
+def test_a_dump_that_would_crash_or_stall_the_unpickler_is_refused_and_its_peers_read(tmp_path, field, fragment, said):
+    write_dumps(tmp_path, 3)
+    (tmp_path / "nccl_trace_rank_1").write_bytes(_splice(GENUINE_DUMP, field, fragment))
+    code, text = bounded("fr", tmp_path, timeout=60)
+    assert code in (exit_codes.OK, exit_codes.PROBLEM_FOUND)
+    assert f"nccl_trace_rank_1: it {said}" in text
+
+
+@pytest.mark.parametrize("fragment", [DEEP_KEY, b"}" + LAUGH + b"K\x01s"], ids=["deep-key", "laugh-key"])
+def test_a_snapshot_that_would_crash_or_stall_the_unpickler_is_refused(tmp_path, fragment):
+    path = tmp_path / "snapshot.pickle"
+    path.write_bytes(_splice({"segments": [], "device_traces": []}, "allocator_settings", fragment))
+    code, text = bounded("memory", path, timeout=60)
+    assert code == exit_codes.BAD_INPUT
+    assert "refused (raise the limit with --limit" in text

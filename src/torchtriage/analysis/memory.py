@@ -25,6 +25,7 @@ from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.memory_facts import FRAGMENTATION_SHARE
 from torchtriage.knowledge.frames import is_user_file
 from torchtriage.model import Assessment, Category, Confidence, Evidence, Finding, Verdict
+from torchtriage.sources.fields import as_int, as_text
 from torchtriage.sources.memory_snapshot import (
     ALLOC,
     FREE,
@@ -67,10 +68,10 @@ def fold_frames(frames: list) -> tuple[str, tuple[str, ...]]:
     for raw in frames:
         if not isinstance(raw, dict):
             continue
-        filename = str(raw.get("filename", ""))
-        name = str(raw.get("name", ""))
+        filename = as_text(raw.get("filename", ""))  # never str(): a crafted field expands when formatted
+        name = as_text(raw.get("name", ""))
         if filename.endswith(".py"):
-            text = f"{filename}:{raw.get('line', 0)} in {name}"
+            text = f"{filename}:{as_int(raw.get('line', 0), 0)} in {name}"
             if first_python is None:
                 first_python = text
             if is_user_file(filename):

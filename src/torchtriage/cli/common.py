@@ -27,8 +27,9 @@ def add_limits(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="raise (or lower) what one input may cost to read: bytes=512M (a file read whole, after "
-        "decompression), stream-bytes=64G (a log, trace or snapshot), items=200M, depth=200, rank=1048575; "
-        "repeatable (docs/security.md)",
+        "decompression), stream-bytes=64G (a log, trace or snapshot), items=200M, depth=200, rank=1048575, "
+        "expansion=50M (shared references followed), memory=1G and seconds=20 (a pickle reader's child, per "
+        "file); repeatable (docs/security.md)",
     )
 
 

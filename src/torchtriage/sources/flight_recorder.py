@@ -37,11 +37,12 @@ from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import TextMemo, as_int
-from torchtriage.sources.forked import can_fork, map_forked, usable_cores
+from torchtriage.sources.forked import usable_cores
 from torchtriage.sources.fr_bytes import ByteTemplate, ByteTemplates
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
 from torchtriage.sources.fr_template import Templates, flat
-from torchtriage.sources.limits import LimitExceeded
+from torchtriage.sources.isolated import Stopped, can_isolate, map_isolated
+from torchtriage.sources.limits import LimitExceeded, seconds_for_size
 from torchtriage.sources.registry import discover, for_reader, not_read_here, rank_from_name
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 from torchtriage.sources.streams import read_whole
@@ -612,11 +613,12 @@ def _rank_dump(
 
 class _ByteRoles:
     """When to make a byte template (fr_bytes): a role's dumps, told apart by their length and last op, are
-    read in full until this many have been; then one of them is walked. The walk costs about as much as reading
-    that many dumps, so a role that never repeats costs at most twice the ordinary path. A role may take a few
-    templates (a job's two halves written apart, a stamp a byte longer on some ranks), then no more."""
+    read in full until this many have been; then one of them is walked. The walk costs about as much as the
+    pre-scan of one dump (pickle_scan: both go opcode by opcode), which every dump read in full pays, so a
+    role that never repeats costs at most twice the ordinary path. A role may take a few templates (a job's
+    two halves written apart, a stamp a byte longer on some ranks), then no more."""
 
-    EVERY = 32
+    EVERY = 2
     MOST = 4
     KEPT = 4096
 
@@ -1076,7 +1078,9 @@ class LoadResult:
 _POOL_THRESHOLD = 48
 
 
-def load_dumps(paths: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None) -> LoadResult:
+def load_dumps(
+    paths: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None, isolate: bool = True
+) -> LoadResult:
     """Discover (through the source registry) and load every dump under `paths`.
 
     A file named directly that is not a dump is a problem that says what it is; in folders, other
@@ -1088,7 +1092,7 @@ def load_dumps(paths: list[str], jobs: int | None = None, meanwhile: Callable[[]
     if not files:
         found += [f"{p}: holds no flight-recorder dump (pickle or JSON)" for p in paths if os.path.isdir(p)]
         found += not_read_here([i for i in inputs if not i.named], (SourceKind.FLIGHT_RECORDER,))
-    result = load_dump_files(files, jobs, meanwhile)
+    result = load_dump_files(files, jobs, meanwhile, isolate)
     result.problems[:0] = [DumpProblem(*_split_problem(p)) for p in found]
     return result
 
@@ -1099,11 +1103,13 @@ def _split_problem(problem: str) -> tuple[str, str]:
 
 
 def load_dump_files(
-    files: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None
+    files: list[str], jobs: int | None = None, meanwhile: Callable[[], object] | None = None, isolate: bool = True
 ) -> LoadResult:
-    """Load these dump files on `jobs` processes (default: every core).
+    """Load these dump files on `jobs` bounded children (default: every core; sources/isolated.py): a file
+    that kills, exhausts or stalls its reader is a problem of its own and the others are still read.
 
-    `meanwhile` (say, importing the analysis) runs in this process while the others start loading.
+    `meanwhile` (say, importing the analysis) runs in this process while the children load. `isolate=False`
+    reads in this process instead: for files this process wrote itself, and for tests of the parsing.
     """
     problems: list[DumpProblem] = []
     jobs = jobs or usable_cores()
@@ -1112,13 +1118,14 @@ def load_dump_files(
     collecting = gc.isenabled()
     gc.disable()
     try:
-        if jobs > 1 and len(files) >= _POOL_THRESHOLD:
-            loader = _load_forked if can_fork() else _load_in_pool
-            results = loader(files, jobs, meanwhile)
-        else:
+        # Without fork (Windows), many files still go to a pool; a few are read here.
+        pooled = not can_isolate() and jobs > 1 and len(files) >= _POOL_THRESHOLD
+        if not isolate:
             if meanwhile is not None:
                 meanwhile()
             results = [load_one(f) for f in files]
+        else:
+            results = (_load_in_pool if pooled else _load_isolated)(files, jobs, meanwhile)
     finally:
         if collecting:
             # The records stay alive for the whole analysis: frozen, the collections it triggers do not walk
@@ -1184,14 +1191,23 @@ def _load_in_pool(
         return list(loading)
 
 
-def _load_forked(
+def _load_isolated(
     files: list[str], jobs: int, meanwhile: Callable[[], object] | None = None
 ) -> list[RankDump | DumpProblem]:
-    """Load on this process and `jobs - 1` forked children (`forked.map_forked`); each process sends the
-    ranks text of a group once."""
+    """Load in bounded children (`isolated.map_isolated`); each child sends the ranks text of a group once."""
     global _sent_ranks
     sent_before, _sent_ranks = _sent_ranks, set()
     try:
-        return map_forked(load_one, files, jobs, meanwhile, child_init=_worker_init)
+        found = map_isolated(load_one, files, jobs, meanwhile, child_init=_worker_init, seconds_for=_seconds_for)
     finally:
         _sent_ranks = sent_before
+    return [
+        DumpProblem(path, r.message()) if isinstance(r, Stopped) else r for path, r in zip(files, found, strict=True)
+    ]
+
+
+def _seconds_for(path: str) -> float:
+    try:
+        return seconds_for_size(os.path.getsize(path))
+    except OSError:
+        return 0.0

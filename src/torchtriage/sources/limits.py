@@ -18,7 +18,10 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 
-__all__ = ["Limits", "LimitExceeded", "ByteBudget", "active", "using", "activate", "parse_limit", "describe_size"]
+__all__ = [
+    "Limits", "LimitExceeded", "ByteBudget", "active", "using", "activate", "parse_limit", "describe_size",
+    "seconds_for_size", "SIZES",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -32,14 +35,25 @@ class Limits:
     # (Pickles read whole are bounded by `bytes`; their shared references are never expanded: every field
     # is checked for its kind before anything walks it.)
     items: int = 200_000_000
-    # Nesting depth of the containers of a streamed pickle (real ones nest fewer than 10 deep); JSON is
+    # Nesting depth of the containers of a pickle (real ones nest fewer than 10 deep); JSON is
     # bounded by the parser's own recursion limit.
     depth: int = 200
     # The largest rank number taken from a file (the largest real jobs have about 10^5 ranks): a world is
     # sometimes inferred as every rank up to the largest seen.
     rank: int = (1 << 20) - 1
+    # Memory a reader of pickles (a child process: sources/isolated.py) may take beyond its size when it
+    # starts: a 20,000-entry flight-recorder dump takes about 100 MB; memory snapshots are streamed.
+    memory: int = 1 << 30
+    # Seconds a reader may spend on one file, plus one second per 8 MB of it (a snapshot of 10 GB is read in
+    # minutes; a dump of a few MB in milliseconds).
+    seconds: int = 20
+    # Values a pickle expands to when each shared reference is counted by what it refers to (a "billion
+    # laughs" is small on disk and enormous once walked): genuine dumps expand to a few million.
+    expansion: int = 50_000_000
 
 
+# The limits counted in bytes (written with K, M, G or T).
+SIZES = ("bytes", "stream_bytes", "memory")
 # Flag names as written on the command line: --limit stream-bytes=100G
 _FLAG_NAMES = {f.name.replace("_", "-"): f.name for f in fields(Limits)}
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$")
@@ -56,7 +70,7 @@ class LimitExceeded(ValueError):
         self.limit_name = limit_name
         flag = limit_name.replace("_", "-")
         current = getattr(_active, limit_name)
-        larger = _flag_size(current * 4) if limit_name.endswith("bytes") else f"{current * 4}"
+        larger = _flag_size(current * 4) if limit_name in SIZES else f"{current * 4}"
         self.hint = f"raise the limit with --limit {flag}={larger} if the file is genuine"
         super().__init__(f"{what}: refused ({self.hint})")
 
@@ -66,6 +80,11 @@ def _flag_size(count: int) -> str:
         if count >= size and count % size == 0:
             return f"{count // size}{unit}"
     return str(count)
+
+
+def seconds_for_size(size: int) -> float:
+    """The time a reader may take for a file of `size` bytes beyond the policy's `seconds`."""
+    return size / (8 << 20)
 
 
 def describe_size(count: int) -> str:
@@ -96,7 +115,7 @@ def using(limits: Limits) -> Iterator[Limits]:
 
 
 def parse_limit(text: str, base: Limits | None = None) -> Limits:
-    """`NAME=VALUE` (bytes, stream-bytes: a size like 2G; items, depth, rank: a count) over `base`.
+    """`NAME=VALUE` (bytes, stream-bytes, memory: a size like 2G; the others: a count) over `base`.
 
     Raises ValueError with a message for the user."""
     base = base or _active

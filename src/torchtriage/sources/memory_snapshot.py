@@ -17,6 +17,7 @@ Formats tolerated:
 from __future__ import annotations
 
 import io
+import os
 import zlib
 from array import array
 from collections.abc import Callable, Hashable, Iterator
@@ -24,7 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple
 
 from torchtriage.errors import InputError
-from torchtriage.sources.limits import LimitExceeded
+from torchtriage.sources.fields import as_text, describe
+from torchtriage.sources.isolated import Stopped, call_isolated
+from torchtriage.sources.limits import LimitExceeded, seconds_for_size
 from torchtriage.sources.pickle_stream import FlatList, SharedContainer, Sink, StreamingUnpickler
 from torchtriage.sources.safe_pickle import PickleError, safe_loads
 from torchtriage.sources.streams import open_counted, read_whole
@@ -195,7 +198,7 @@ class _Builder:
             if not isinstance(block, dict):
                 continue
             size = _int(block.get("size"))
-            state = str(block.get("state", "unknown"))
+            state = as_text(block.get("state", "unknown"), "unknown")
             frames = block.get("frames")
             if frames is None and "history" in block:  # torch 2.0: the stack lives in the block's history
                 self.snapshot.format = "torch-2.0"
@@ -225,7 +228,7 @@ class _Builder:
                 total_size=_int(segment.get("total_size")),
                 allocated_size=allocated if reported is None else _int(reported),
                 stream=_int(segment.get("stream")),
-                segment_type=str(segment.get("segment_type", "")),
+                segment_type=as_text(segment.get("segment_type", "")),
                 is_expandable=bool(segment.get("is_expandable", False)),
                 largest_free_block=largest_free,
             )
@@ -243,7 +246,7 @@ class _Builder:
         if kind is None:
             kind = OTHER
             if len(history) < _ACTIONS_CHECKED:
-                self._unknown_actions.add(str(action))
+                self._unknown_actions.add(as_text(action, describe(action)))
         time_us = event.get("time_us")
         history.kind.append(kind)
         history.addr.append(_clamp(event.get("addr")))
@@ -409,8 +412,21 @@ class _SnapshotReader(StreamingUnpickler):
 def load_snapshot(path: str, fold: Fold, progress: Callable[[int], None] | None = None) -> MemorySnapshot:
     """Read one snapshot file, reducing each stack with `fold`; every failure is an InputError naming the file.
 
-    `progress`, if given, is called with the number of history events read so far, every 200,000.
+    The file is read in a bounded child (sources/isolated.py): a crafted file that crashes, exhausts or
+    stalls its reader is an InputError like any other. `progress`, if given, is called with the number of
+    history events read so far, every 200,000.
     """
+    try:
+        extra = seconds_for_size(os.path.getsize(path))
+    except OSError:
+        extra = 0.0
+    read = call_isolated(lambda tick: _read_snapshot(path, fold, tick if progress else None), progress, extra)
+    if isinstance(read, Stopped):
+        raise InputError(f"{path}: {read.message()}.")
+    return read
+
+
+def _read_snapshot(path: str, fold: Fold, progress: Callable[[int], None] | None) -> MemorySnapshot:
     try:
         with open_counted(path, "the snapshot", streamed=True) as stream:
             head = stream.peek(4096)[:4096]

@@ -33,6 +33,7 @@ from typing import Any, BinaryIO
 
 from torchtriage.sources import limits
 from torchtriage.sources.limits import LimitExceeded
+from torchtriage.sources.pickle_scan import check_key
 from torchtriage.sources.safe_pickle import TRUNCATED, PickleCorrupt, PickleError, PickleRefused, collector_paused
 
 __all__ = ["Sink", "FlatList", "StreamingUnpickler", "SharedContainer"]
@@ -242,10 +243,15 @@ class StreamingUnpickler:
                 items = self._pop_mark()
                 target = self.stack[-1]
                 for i in range(0, len(items) - 1, 2):
-                    target[items[i]] = items[i + 1]
+                    key = items[i]
+                    if type(key) is tuple or type(key) is frozenset:
+                        check_key(key)  # hashed recursively in C: bounded first
+                    target[key] = items[i + 1]
             elif op == 0x73:  # SETITEM
                 value = self.stack.pop()
                 key = self.stack.pop()
+                if type(key) is tuple or type(key) is frozenset:
+                    check_key(key)
                 self.stack[-1][key] = value
             elif op == 0x65:  # APPENDS
                 items = self._pop_mark()
@@ -299,14 +305,14 @@ class StreamingUnpickler:
         if op == 0x29:  # EMPTY_TUPLE
             stack.append(())
         elif op == 0x85:  # TUPLE1
-            stack[-1] = (stack[-1],)
+            stack[-1] = _bounded_tuple((stack[-1],))
         elif op == 0x86:  # TUPLE2
-            stack[-2:] = [(stack[-2], stack[-1])]
+            stack[-2:] = [_bounded_tuple((stack[-2], stack[-1]))]
         elif op == 0x87:  # TUPLE3
-            stack[-3:] = [(stack[-3], stack[-2], stack[-1])]
+            stack[-3:] = [_bounded_tuple((stack[-3], stack[-2], stack[-1]))]
         elif op == 0x74:  # TUPLE
             items = self._pop_mark()  # before naming self.stack: popping the mark replaces it
-            self.stack.append(tuple(items))
+            self.stack.append(_bounded_tuple(tuple(items)))
         elif op == 0x6C:  # LIST
             items = self._pop_mark()
             target = self.new_list()
@@ -314,14 +320,17 @@ class StreamingUnpickler:
             self.stack.append(target)
         elif op == 0x64:  # DICT
             items = self._pop_mark()
+            check_key(tuple(items[::2]))
             self.stack.append(dict(zip(items[::2], items[1::2], strict=False)))
         elif op == 0x8F:  # EMPTY_SET
             stack.append(set())
         elif op == 0x90:  # ADDITEMS
             items = self._pop_mark()
+            check_key(tuple(items))
             self.stack[-1].update(items)
         elif op == 0x91:  # FROZENSET
             items = self._pop_mark()
+            check_key(tuple(items))
             self.stack.append(frozenset(items))
         elif op == 0x30:  # POP
             if stack:
@@ -509,6 +518,16 @@ class StreamingUnpickler:
             spans.clear()
         spans[span] = flat
         return flat, False, match.end()
+
+
+def _bounded_tuple(value: tuple) -> tuple:
+    """A tuple is hashable: wherever it goes next (a key, a cache of frames), it may be hashed recursively in
+    C. One that holds tuples is bounded as it is made (its shared parts measured once)."""
+    for item in value:
+        if type(item) is tuple or type(item) is frozenset:
+            check_key(value)
+            break
+    return value
 
 
 class _Unframed:

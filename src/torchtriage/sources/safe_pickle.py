@@ -106,6 +106,9 @@ def unpickle_with_memo(data: bytes) -> tuple[Any, dict[int, Any]]:
 def _load(data: bytes, keep_memo: bool) -> tuple[Any, dict[int, Any]]:
     if not data:
         raise PickleCorrupt("the file is empty")
+    from torchtriage.sources.pickle_scan import scan  # imports this module: imported on first use
+
+    scan(data)  # what the C unpickler would build, bounded before it builds it
     try:
         with collector_paused():
             unpickler = _PlainDataUnpickler(_WholeBuffer(data))  # type: ignore[arg-type]
