@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame
+from torchtriage.sources import limits
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.lines import normalise
@@ -159,6 +160,14 @@ def _report_time(value: str) -> float | None:
     return ((day_index * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def _rank_of(fact: str | None) -> int | None:
+    """The rank a line's fact names: digits, up to the largest rank read (a line's \\d+ can be thousands of
+    digits long, more than Python converts to a number)."""
+    if fact is None or not fact.isdigit():
+        return None
+    return as_int(fact, None, 0, limits.active().rank)  # type: ignore[arg-type]
+
+
 class _FileReader:
     """Per-file state while its hit lines stream by."""
 
@@ -189,11 +198,11 @@ class _FileReader:
                 self.superseded_before[rule_id] = line_no
         for found in self.matcher.match(text):
             event_rank = rank
-            named = found.facts.get(found.rule.rank_fact) if found.rule.rank_fact else None
-            if named is not None and named.isdigit():
-                event_rank = int(named)  # the line is about another rank than the one printing it
-            elif event_rank is None and "rank" in found.facts and found.facts["rank"].isdigit():
-                event_rank = int(found.facts["rank"])
+            named = _rank_of(found.facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
+            if named is not None:
+                event_rank = named  # the line is about another rank than the one printing it
+            elif event_rank is None:
+                event_rank = _rank_of(found.facts.get("rank"))
             if event_rank is not None:
                 self.records.ranks_seen.add(event_rank)
             self.records.events.append(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, NamedTuple
 
 from torchtriage.errors import InputError
-from torchtriage.sources.fields import as_text, describe
+from torchtriage.sources.fields import FieldError, as_int, as_text, describe
 from torchtriage.sources.isolated import Stopped, call_isolated
 from torchtriage.sources.limits import LimitExceeded, seconds_for_size
 from torchtriage.sources.pickle_stream import FlatList, SharedContainer, Sink, StreamingUnpickler
@@ -133,6 +133,33 @@ def _int(value: Any) -> int:
         return 0
 
 
+# What a snapshot's numbers can be. A size is bytes of one device's memory: 1 PiB is far past any device, so
+# a size beyond it, or below 0, is a crafted or corrupt file (a negative one made a verdict of "-16 GiB").
+# An OOM event's size is what was asked for, which a wrong shape can make anything up to the allocator's
+# size_t; an address is a pointer, stored as a signed 64-bit column.
+_MAX_BYTES = 1 << 50
+_MAX_ADDRESS = (1 << 63) - 1
+_MAX_DEVICE = (1 << 16) - 1
+_SIZE = (_MAX_BYTES, "a size in bytes (0 to 1 PiB)")
+_REQUEST = (_MAX_ADDRESS, "a size in bytes (0 to 2^63)")
+_ADDRESS = (_MAX_ADDRESS, "an address (0 to 2^63)")
+_DEVICE = (_MAX_DEVICE, "a device index (0 to 65535)")
+
+
+def _checked(value: Any, field: str, bound: tuple[int, str]) -> int:
+    """A size, an address or a device index from the snapshot: an int from 0 to the bound's (None and other
+    empty values are 0, as they always were); anything else is a FieldError naming the field."""
+    high, wanted = bound
+    if type(value) is int and 0 <= value <= high:  # nearly always: no conversion
+        return value
+    if type(value) in (type(None), str, list, tuple, dict) and not value:
+        return 0
+    number = as_int(value, -1, 0, high)
+    if number < 0:
+        raise FieldError(field, value, wanted)
+    return number
+
+
 class _Builder:
     """Reduces segments and events, one at a time, to a MemorySnapshot."""
 
@@ -180,13 +207,24 @@ class _Builder:
             self.snapshot.sites.append(folded)
         return index
 
+    def _number(self, value: Any, field: str, bound: tuple[int, str]) -> int:
+        try:
+            return _checked(value, field, bound)
+        except FieldError as err:
+            raise InputError(
+                f"{self.snapshot.path}: {err}: not a memory snapshot torch wrote (corrupt or crafted); nothing in "
+                "it was analysed (take the snapshot again with torch.cuda.memory._dump_snapshot)."
+            ) from None
+
     # -- segments and their blocks --
     def add_segment(self, segment: Any) -> None:
         if not isinstance(segment, dict):
             raise InputError(f"{self.snapshot.path}: a segment is a {type(segment).__name__}, not a dict: "
                              "not a CUDA memory snapshot.")  # fmt: skip
-        device = _int(segment.get("device"))
-        seg_address = _int(segment.get("address"))
+        where = f"segments[{len(self.snapshot.segments)}]"
+        number = self._number
+        device = number(segment.get("device"), f"{where}.device", _DEVICE)
+        seg_address = number(segment.get("address"), f"{where}.address", _ADDRESS)
         address = seg_address
         allocated = largest_free = 0
         blocks = segment.get("blocks")
@@ -194,10 +232,10 @@ class _Builder:
             blocks = blocks.items or []
         elif not isinstance(blocks, list):
             blocks = []
-        for block in blocks:
+        for index, block in enumerate(blocks):
             if not isinstance(block, dict):
                 continue
-            size = _int(block.get("size"))
+            size = number(block.get("size"), f"{where}.blocks[{index}].size", _SIZE)
             state = as_text(block.get("state", "unknown"), "unknown")
             frames = block.get("frames")
             if frames is None and "history" in block:  # torch 2.0: the stack lives in the block's history
@@ -210,9 +248,9 @@ class _Builder:
                     Block(
                         device,
                         seg_address,
-                        _int(block.get("address", address)),
+                        number(block.get("address", address), f"{where}.blocks[{index}].address", _ADDRESS),
                         size,
-                        _int(block.get("requested_size", size)),
+                        number(block.get("requested_size", size), f"{where}.blocks[{index}].requested_size", _SIZE),
                         state,
                         self.snapshot.sites[self._site(frames)],
                     )
@@ -225,8 +263,8 @@ class _Builder:
             SegmentInfo(
                 device=device,
                 address=seg_address,
-                total_size=_int(segment.get("total_size")),
-                allocated_size=allocated if reported is None else _int(reported),
+                total_size=number(segment.get("total_size"), f"{where}.total_size", _SIZE),
+                allocated_size=allocated if reported is None else number(reported, f"{where}.allocated_size", _SIZE),
                 stream=_int(segment.get("stream")),
                 segment_type=as_text(segment.get("segment_type", "")),
                 is_expandable=bool(segment.get("is_expandable", False)),
@@ -248,13 +286,17 @@ class _Builder:
             if len(history) < _ACTIONS_CHECKED:
                 self._unknown_actions.add(as_text(action, describe(action)))
         time_us = event.get("time_us")
+        where = f"device_traces[{device}][{len(history)}]"
+        address = self._number(event.get("addr"), f"{where}.addr", _ADDRESS)
+        size = self._number(event.get("size"), f"{where}.size", _REQUEST if kind == OOM else _SIZE)
         history.kind.append(kind)
-        history.addr.append(_clamp(event.get("addr")))
-        history.size.append(_clamp(event.get("size")))
+        history.addr.append(address)
+        history.size.append(size)
         history.time_us.append(_NO_TIME if time_us is None else _clamp(time_us))
         history.site.append(self._site(event.get("frames")))
         if kind == OOM and event.get("device_free") is not None:
-            history.device_free[len(history) - 1] = _int(event.get("device_free"))
+            free = self._number(event.get("device_free"), f"{where}.device_free", _SIZE)
+            history.device_free[len(history) - 1] = free
         self._events += 1
         if self._progress is not None and self._events % _PROGRESS_EVERY == 0:
             self._progress(self._events)

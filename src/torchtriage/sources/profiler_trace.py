@@ -30,6 +30,7 @@ from torchtriage.sources.registry import rank_from_name
 from torchtriage.sources.streams import open_counted
 
 _CHUNK = 1 << 20
+_BLANKS = re.compile(r"[ \t\r\n]*")
 _MAX_EVENT_CHARS = 64 << 20  # one event bigger than this is not truncation but garbage
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _TIME_RANGE = 1 << 62  # µs: beyond any clock
@@ -62,12 +63,20 @@ class _Scanner:
         self.eof = False
         self.events_read = 0
 
-    def _fill(self) -> bool:
+    def _fill(self, at_least: int = 0) -> bool:
+        """Append the next chunk, or as many as make `at_least` more characters; False at the end."""
         if self.eof:
             return False
         try:
-            data = self.stream.read1(_CHUNK)
-            chunk = self.decoder.decode(data, final=not data)
+            pieces = []
+            size = 0
+            while True:
+                data = self.stream.read1(_CHUNK)
+                pieces.append(self.decoder.decode(data, final=not data))
+                size += len(data)
+                if not data or size >= at_least:
+                    break
+            chunk = "".join(pieces)
         except LimitExceeded as err:
             raise TraceReadError(str(err), partial=self.events_read > 0) from None
         except (EOFError, zlib.error) as err:
@@ -81,19 +90,27 @@ class _Scanner:
             raise TraceReadError(f"cannot read it ({err})") from None
         if not data:
             self.eof = True
+        if not size:
             return False
         self.buf = self.buf[self.pos :] + chunk
         self.pos = 0
         return True
 
+    def _fill_for_value(self) -> bool:
+        """More text for a value that did not end in the buffer: as much again as it holds of it so far, so that
+        a value of n characters is decoded from its start O(log n) times, O(n) characters in all (a chunk at a
+        time, a 58 MB event was decoded 58 times over: quadratic)."""
+        pending = len(self.buf) - self.pos
+        if pending >= _MAX_EVENT_CHARS:
+            return False
+        return self._fill(min(max(pending, _CHUNK), _MAX_EVENT_CHARS - pending))
+
     def peek(self) -> str:
         """The next non-blank character ('' at the end), without consuming it."""
         while True:
-            buf, pos, n = self.buf, self.pos, len(self.buf)
-            while pos < n and buf[pos] in " \t\r\n":
-                pos += 1
-            self.pos = pos
-            if pos < n:
+            buf = self.buf
+            pos = self.pos = _BLANKS.match(buf, self.pos).end()  # blanks skipped in C, megabytes of them too
+            if pos < len(buf):
                 return buf[pos]
             if not self._fill():
                 return ""
@@ -111,7 +128,7 @@ class _Scanner:
             try:
                 value, end = self._decoder.raw_decode(self.buf, self.pos)
             except json.JSONDecodeError as err:
-                if len(self.buf) - self.pos < _MAX_EVENT_CHARS and self._fill():
+                if self._fill_for_value():
                     continue
                 if self.eof and (err.pos >= len(self.buf) - 1 or err.msg.startswith("Unterminated")):
                     raise TraceReadError(

@@ -1,0 +1,83 @@
+"""What one huge profiler-trace event costs to read: this tree's `read_trace` against another commit's.
+
+Usage: python benchmarks/trace_event_cost.py [--base REF] [--base-src DIR] [--sizes 4,16,58] [--runs 3]
+
+Writes, for each size, a trace of one kernel, one event of that many MB (`args` holding a list of numbers, the
+shape of a huge "Input Dims"), and another kernel; checks REF (default: the commit before the reader decoded
+a value that does not fit its buffer only after doubling it) out into a temporary worktree (or takes its src
+folder from `--base-src`) and times, in a process of each tree in turn, `read_trace` of each file. Linear
+reading keeps MB/s flat as the event grows; the reader before decoded the event again for every 1 MB chunk
+it read (quadratic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 10.0, "dur": 5.0}
+TIMED = (
+    "import sys, time; from torchtriage.sources.profiler_trace import read_trace; "
+    "start = time.perf_counter(); read_trace(sys.argv[1]); print(time.perf_counter() - start)"
+)
+
+
+def _write(path: Path, megabytes: int) -> None:
+    event = {"ph": "X", "cat": "cpu_op", "name": "op", "ts": 1, "dur": 1, "args": {"Input Dims": [[1]]}}
+    text = json.dumps(event).replace("[[1]]", "[[" + ",".join(["1"] * (megabytes << 19)) + "]]")
+    path.write_text('{"traceEvents": [' + json.dumps(KERNEL) + ", " + text + ", " + json.dumps(KERNEL) + "]}")
+
+
+def _timed(src: Path, trace: Path) -> float:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", TIMED, str(trace)], env=env, capture_output=True, text=True,
+                          check=True)  # fmt: skip
+    return float(done.stdout)
+
+
+@contextmanager
+def _base_src(ref: str, given: Path | None, tmp: Path) -> Iterator[Path]:
+    """REF's src folder: `given`, or a temporary worktree of REF, removed afterwards."""
+    if given is not None:
+        yield given
+        return
+    base = tmp / "base"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), ref], check=True)
+    try:
+        yield base / "src"
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="3ac590f")
+    parser.add_argument("--sizes", default="4,16,58", help="the event's size in MB, comma-separated")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--base-src", type=Path, help="REF's src folder, already checked out (no worktree is made)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, _base_src(args.base, args.base_src, Path(tmp)) as base:
+        for megabytes in (int(size) for size in args.sizes.split(",")):
+            trace = Path(tmp) / f"event_{megabytes}mb.json"
+            _write(trace, megabytes)
+            size = trace.stat().st_size / (1 << 20)
+            pairs = [(_timed(ROOT / "src", trace), _timed(base, trace)) for _ in range(args.runs)]
+            this, other = (statistics.median(times) for times in zip(*pairs, strict=True))
+            ratios = [a / b for a, b in pairs]
+            print(f"one event of {size:5.1f} MB: this {this:7.2f} s ({size / this:5.1f} MB/s), {args.base} "
+                  f"{other:7.2f} s ({size / other:5.1f} MB/s); ratio {statistics.median(ratios):.3f} "
+                  f"(min {min(ratios):.3f}, max {max(ratios):.3f})", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
