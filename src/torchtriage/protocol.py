@@ -7,8 +7,10 @@ here, so neither imports the other.
     DIR/fr/nccl_trace_rank_<N>     the flight recorder's dumps on a timeout (TORCH_FR_DUMP_TEMP_FILE)
     DIR/hang/rank<NN>.txt          each rank's stack when the watchdog fired (py-spy's text form)
     DIR/hang/fr/nccl_trace_rank_<N>   each rank's flight-recorder buffer at that moment
-    DIR/hang/verdict.json, .txt    the fused verdict the first rank to notice wrote
-    DIR/hang/REQUEST               created by `diagnose` to ask every armed rank for a fresh dump
+    DIR/hang/verdict.json, .txt    the fused verdict of the latest stall, written by the first rank to notice
+    DIR/hang/.earlier/<time>/      the files of earlier stalls (each stall is an episode; dot folders are not read)
+    DIR/hang/REQUEST               created by `diagnose` to ask every armed rank for a fresh dump, with a token
+    DIR/hang/.requests/<token>/    each rank's stack and flight-recorder buffer for that request
     DIR/debug_server.json          with --debug-server: the job's store address, for `diagnose --store`
     DIR/nonfinite.jsonl            NonFiniteGuard(locate=True): where each skipped step's NaN was born
     DIR/monitor/steps-rank<R>.jsonl   with --monitor: one line per window of each rank's step timings
@@ -17,7 +19,12 @@ here, so neither imports the other.
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import os
+import re
+import threading
+import time
 from pathlib import Path
 
 RUN_DIR_ENV = "TORCHTRIAGE_RUN_DIR"
@@ -26,6 +33,7 @@ HANG_SUBDIR = "hang"
 FR_SUBDIR = "fr"
 FR_PREFIX = "nccl_trace_rank_"
 REQUEST_FILE = "REQUEST"
+REQUESTS_SUBDIR = ".requests"  # a dot folder: no reader of the run folder fuses a request's dumps
 VERDICT_STEM = "verdict"
 DEBUG_SERVER_ENV = "TORCHTRIAGE_DEBUG_SERVER"
 DEBUG_SERVER_FILE = "debug_server.json"
@@ -43,10 +51,116 @@ def hang_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / HANG_SUBDIR
 
 
-def write_whole(path: Path, text: str) -> None:
-    """Write `text` under another name in the same folder, then rename it: whoever reads the run folder
+def write_whole(path: Path, text: str | bytes) -> None:
+    """Write `text` (or bytes) under another name in the same folder, then rename it: whoever reads the run folder
     while a rank writes (another rank, `diagnose`, a user's script) sees the file whole or not at all. The
-    other name starts with a dot, which every reader skips."""
-    partial = path.with_name(f".{path.name}.{os.getpid()}")
-    partial.write_text(text)
+    other name starts with a dot, which every reader skips. The file is private (0600): stacks and verdicts
+    name the job's files and values."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_native_id()}")
+    try:
+        partial.unlink()  # left by a write of an earlier process with this pid that did not finish
+    except FileNotFoundError:
+        pass
+    write_private(partial, text)
     os.replace(partial, path)
+
+
+# Captures and run folders are private to their owner: py-spy's --locals and the watchdog's stacks show the values
+# a rank holds (a token read from the environment, a path), and /tmp is read by every user of a node.
+PRIVATE_FOLDER_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+def open_private(path: Path) -> int:
+    """A new file at `path`, 0600 whatever the umask, as a descriptor open for writing. Never an existing file,
+    nor a symlink planted at its name (O_EXCL refuses both: FileExistsError)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    try:
+        os.fchmod(fd, PRIVATE_FILE_MODE)  # open's mode passes through the umask, which may take the owner's bits
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def write_private(path: Path, data: str | bytes) -> None:
+    """`data` in a new private file at `path` (see open_private)."""
+    with os.fdopen(open_private(path), "wb") as file:
+        file.write(data.encode() if isinstance(data, str) else data)
+
+
+def new_private_folder(path: Path) -> None:
+    """Create the folder `path`, 0700 whatever the umask; FileExistsError when the name is taken."""
+    os.mkdir(path, PRIVATE_FOLDER_MODE)
+    # mkdir's mode passes through the umask; chmod does not. Through a descriptor that refuses a symlink, so the
+    # mode set is the folder's just made, whatever was put at its name meanwhile.
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0))
+    try:
+        os.fchmod(fd, PRIVATE_FOLDER_MODE)
+    finally:
+        os.close(fd)
+
+
+def make_private_folders(path: Path) -> None:
+    """The folder `path` and its missing parents, each made 0700. What exists already (a folder the user named,
+    or one another process made meanwhile) is left as it is. NotADirectoryError when `path` is not a folder."""
+    missing, above = [], path
+    while not os.path.lexists(above) and above.parent != above:
+        missing.append(above)
+        above = above.parent
+    for folder in reversed(missing):
+        try:
+            new_private_folder(folder)
+        except FileExistsError:
+            continue
+    if not path.is_dir():
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path))
+
+
+def open_to_others(folder: Path) -> str | None:
+    """How other users can read `folder` ("mode 0755"), or None when they cannot list it."""
+    try:
+        mode = os.stat(folder).st_mode & 0o777
+    except OSError:
+        return None
+    return f"mode {mode:04o}" if mode & 0o044 else None
+
+
+# Live `diagnose` asks armed ranks for fresh dumps with a request file holding a token: each watchdog serves each
+# token once, into hang/.requests/<token>/, and stays armed for the next request and the next stall.
+_TOKEN = re.compile(r"^id ([0-9A-Za-z_-]{1,64})$", re.MULTILINE)
+_REQUEST_BYTES = 4096
+
+
+def request_token(folder: Path) -> str | None:
+    """The token of the request file in `folder`, or None; a file without one (an older diagnose) is
+    named by its content."""
+    try:
+        with open(folder / REQUEST_FILE, "rb") as file:
+            text = file.read(_REQUEST_BYTES).decode("utf-8", "replace")
+    except OSError:
+        return None
+    found = _TOKEN.search(text)
+    if found:
+        return found.group(1)
+    return "legacy-" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def request_folder(folder: Path, token: str) -> Path:
+    return folder / REQUESTS_SUBDIR / token
+
+
+def write_request(folder: Path, token: str) -> None:
+    """Ask every armed rank whose hang folder is `folder` for a fresh dump into request_folder(token)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_whole(folder / REQUEST_FILE, f"requested by torchtriage diagnose at {time.time():.0f}\nid {token}\n")
+
+
+def withdraw_request(folder: Path, token: str) -> None:
+    """Remove the request file if it still holds `token` (a later diagnose's request stays)."""
+    if request_token(folder) == token:
+        try:
+            (folder / REQUEST_FILE).unlink()
+        except OSError:
+            pass

@@ -3,6 +3,7 @@ recorder, and fuse what came back (with any dumps and logs the user adds)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,7 +12,7 @@ from torchtriage.analysis.postmortem import diagnose_paths
 from torchtriage.collect.capture import capture_stacks
 from torchtriage.collect.discovery import parse_environ
 from torchtriage.model import Assessment, Verdict
-from torchtriage.protocol import FR_SUBDIR, REQUEST_FILE, RUN_DIR_ENV, hang_dir
+from torchtriage.protocol import FR_SUBDIR, RUN_DIR_ENV, hang_dir, request_folder, withdraw_request, write_request
 
 # How long to wait for ranks started by `torchtriage run` to answer a dump request: their watchdogs
 # poll every few seconds.
@@ -31,15 +32,21 @@ def armed_run_dir(pids: list[int]) -> Path | None:
 
 
 def request_fresh_dumps(folder: Path, ranks: int, wait_s: float = ARMED_WAIT_S) -> Path | None:
-    """Ask armed ranks' watchdogs for their flight-recorder buffers; the folder they land in, if any."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / REQUEST_FILE).write_text(f"requested by torchtriage diagnose at {time.time():.0f}\n")
-    fr = folder / FR_SUBDIR
+    """Ask armed ranks' watchdogs for their flight-recorder buffers; the folder they land in, if any.
+
+    The request holds a token of its own: each watchdog serves it once, into a folder of its own, and stays
+    armed (a later stall or request is served again); the request file is withdrawn once answered."""
+    token = f"{time.time_ns():x}-{os.getpid()}"
+    write_request(folder, token)
+    fr = request_folder(folder, token) / FR_SUBDIR
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline:
-        if fr.is_dir() and len(list(fr.iterdir())) >= ranks:
-            break
-        time.sleep(0.5)
+    try:
+        while time.monotonic() < deadline:
+            if fr.is_dir() and len(list(fr.iterdir())) >= ranks:
+                break
+            time.sleep(0.5)
+    finally:
+        withdraw_request(folder, token)
     return fr if fr.is_dir() and any(fr.iterdir()) else None
 
 

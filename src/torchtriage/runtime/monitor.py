@@ -35,6 +35,7 @@ reads (rules `straggler.monitor*`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -137,6 +138,29 @@ def _install_patches() -> None:
             register_optimizer_step_pre_hook(before_optimizer),
             register_optimizer_step_post_hook(after_optimizer),
         )
+        _wrap_init_process_group(torch)
+
+
+def _wrap_init_process_group(torch) -> None:
+    """Make each monitor's group right after the job's own default group, on every rank at that point.
+
+    A group is made by a collective of every rank: made lazily at a window's end, it hangs a job whose ranks
+    reach that end at different times, or only some of them (a rank that takes no optimizer step)."""
+    dist = getattr(torch, "distributed", None)
+    if dist is None or not dist.is_available():
+        return
+    c10d = dist.distributed_c10d
+    original_init = c10d.init_process_group
+
+    @functools.wraps(original_init)
+    def init_process_group(*args, **kwargs):
+        result = original_init(*args, **kwargs)
+        for monitor in list(_ACTIVE):
+            monitor._make_group()
+        return result
+
+    _ORIGINALS["init"] = original_init
+    c10d.init_process_group = dist.init_process_group = init_process_group
 
 
 def _remove_patches() -> None:
@@ -150,6 +174,9 @@ def _remove_patches() -> None:
         torch.autograd.backward = _ORIGINALS.pop("backward")
         for handle in _ORIGINALS.pop("hooks"):
             handle.remove()
+        if "init" in _ORIGINALS:
+            torch.distributed.distributed_c10d.init_process_group = _ORIGINALS["init"]
+            torch.distributed.init_process_group = _ORIGINALS.pop("init")
 
 
 def _median(values) -> float | None:
@@ -205,7 +232,8 @@ class StepMonitor:
         self._start_event = None
         self._pending: deque = deque()  # (first, last, work, gathered) exchanges not read yet
         self._decider = straggler.Decider()
-        self._group = None
+        self._group = None  # the exchange's gloo group; False: it could not be made
+        self._write_failed = False
         self._started = False
         self._cuda_module = None
         self._free_events: list = []
@@ -216,6 +244,9 @@ class StepMonitor:
             _install_patches()
             _ACTIVE.append(self)
             self._started = True
+            dist = self._dist()
+            if dist is not None and dist.is_initialized():
+                self._make_group()  # started after the job's group: every rank starts its monitor at one point
             self._clock.reset(time.perf_counter())
             self._record_start_event()
         return self
@@ -386,9 +417,9 @@ class StepMonitor:
             return
         import torch
 
-        if self._group is None:
-            # Every rank gets here at the same optimizer-step count: the group is made by all at once.
-            self._group = dist.new_group(backend="gloo")
+        if not self._group:  # no group of its own (made at start only): this rank decides on its own numbers
+            self._decide(first, last, {self._rank(): dict(zip(_EXCHANGED, mine, strict=True))})
+            return
         world = dist.get_world_size()
         payload = torch.tensor([-1.0 if v is None else v for v in mine], dtype=torch.float64)
         gathered = torch.zeros(world * len(mine), dtype=torch.float64)
@@ -427,7 +458,24 @@ class StepMonitor:
             with open(self.out_dir / name, "a", encoding="utf-8") as out:
                 out.write(json.dumps(record) + "\n")
         except OSError as error:
-            logger.warning("torchtriage StepMonitor: could not write %s/%s: %s", self.out_dir, name, error)
+            if not self._write_failed:  # once: a full disk would otherwise log a line per window per rank
+                logger.warning(
+                    "torchtriage StepMonitor: could not write %s/%s: %s; further write errors are not logged",
+                    self.out_dir, name, error,
+                )  # fmt: skip
+            self._write_failed = True
+
+    def _make_group(self) -> None:
+        """The monitor's own gloo group, made by every rank at the same point of the job (see
+        _wrap_init_process_group); False when it cannot be made, and the monitor then decides per rank."""
+        dist = self._dist()
+        if self._group is not None or dist is None or not dist.is_initialized() or dist.get_world_size() < 2:
+            return
+        try:
+            self._group = dist.new_group(backend="gloo")
+        except Exception as error:  # noqa: BLE001 - the job runs on; windows are then decided per rank
+            logger.warning("torchtriage StepMonitor: no group for the exchange (%s); each rank decides alone", error)
+            self._group = False
 
 
 def start_from_environment() -> StepMonitor | None:

@@ -1,20 +1,26 @@
 """A hang watchdog inside each rank: notices a stall, leaves the evidence and a verdict before the kill.
 
-`HangWatchdog` runs one daemon thread per rank. Progress is anything that moves the main thread —
-its innermost frame changing — or an explicit `progress()` call from the training loop. When the
-main thread has not moved for `stall_seconds`:
+`HangWatchdog` runs one daemon thread per rank. Progress is any counter of runtime/progress.py moving:
+the main thread's stack, the collectives issued on any group, the optimizer steps, an explicit
+`progress()` call. When none has moved for `stall_seconds`:
 
 1. the rank writes every thread's stack (py-spy's text form, so the stack readers take it as is)
    and its flight-recorder buffer (torch records gloo and NCCL collectives alike) into `out_dir`;
 2. through the c10d store — never through the communicator that may be stuck — it asks every other
    rank to do the same, so the culprit, which may not be stalled at all, leaves its stack too;
 3. the first rank to notice becomes the reporter: it waits for the others' files, fuses them into
-   one verdict and writes `verdict.json` and `verdict.txt` into `out_dir`.
+   one verdict and writes `verdict.json` and `verdict.txt` into `out_dir`, naming the stall's number
+   and time.
+
+Each stall is an episode (runtime/stall_episodes.py): once the job moves again the watchdog re-arms, and
+a later stall replaces the evidence (the earlier one is kept in `out_dir/.earlier/`) with a verdict of its
+own. A live `diagnose` request is served once per token, into a folder of its own, and uses nothing up.
 
 Do no harm: the thread sleeps between polls without holding the GIL, reads frames only briefly,
 swallows its own failures (a warning, never an exception into training), and changes no control
 flow of the training loop. A faulthandler timer armed well past the stall backs it up for a main
-thread that holds the GIL forever, which no Python thread could observe.
+thread that holds the GIL forever, which no Python thread could observe, unless the program armed
+faulthandler's one timer itself: then the program's timer stands.
 """
 
 from __future__ import annotations
@@ -35,15 +41,30 @@ from torchtriage.protocol import (
     DEBUG_SERVER_ENV,
     FR_PREFIX,
     FR_SUBDIR,
-    REQUEST_FILE,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
     VERDICT_STEM,
     hang_dir,
+    make_private_folders,
+    request_folder,
+    request_token,
     write_whole,
 )
-from torchtriage.protocol import WATCHDOG_STORE_PREFIX as STORE_PREFIX
 from torchtriage.runtime.blocked_call import blocked_call
+from torchtriage.runtime.progress import ProgressCounters, stack_signature
+from torchtriage.runtime.stall_episodes import (
+    EARLIER_SUBDIR,
+    announce,
+    archive_earlier,
+    claim_episode,
+    current_episode,
+    is_reporter,
+    mark_archived,
+    run_prefix,
+    wait_archived,
+    wait_for_dumps,
+    wake_key,
+)
 
 _REPORT_WAIT_S = 30.0  # how long the reporter waits for the other ranks' files
 _VERDICT_TIMEOUT_S = 120.0  # how long the verdict's analysis may take, in a process of its own
@@ -137,11 +158,42 @@ def _gathering_ranks(frame) -> bool:
     return False
 
 
+class _ProgramTimers:
+    """Whether the program armed faulthandler's one timer itself (`dump_traceback_later`): then it is theirs,
+    and the watchdog's backstop steps aside until they cancel it."""
+
+    armed = False
+
+
+_FAULTHANDLER_ARM = faulthandler.dump_traceback_later
+_FAULTHANDLER_CANCEL = faulthandler.cancel_dump_traceback_later
+
+
+def _guard_program_timers() -> None:
+    """Note the program's own calls to faulthandler's timer, which holds one timer per process."""
+    if getattr(faulthandler.dump_traceback_later, "_torchtriage", False):
+        return
+
+    def dump_traceback_later(*args, **kwargs):
+        _ProgramTimers.armed = True
+        return _FAULTHANDLER_ARM(*args, **kwargs)
+
+    def cancel_dump_traceback_later():
+        _ProgramTimers.armed = False
+        return _FAULTHANDLER_CANCEL()
+
+    dump_traceback_later._torchtriage = True  # type: ignore[attr-defined]
+    faulthandler.dump_traceback_later = dump_traceback_later
+    faulthandler.cancel_dump_traceback_later = cancel_dump_traceback_later
+
+
 class HangWatchdog:
     """Writes stacks, flight-recorder dumps and a fused verdict when this rank stops making progress.
 
-    Use as a context manager or with start()/stop(). `progress()` may be called from the training
-    loop (each step, each collective); without it, a moving main thread counts as progress.
+    Use as a context manager or with start()/stop(). Progress is read from counters (runtime/progress.py):
+    the main thread's stack, collectives issued, optimizer steps, and `progress()` calls from the loop.
+    Each stall is an episode (runtime/stall_episodes.py): the watchdog dumps once per episode and re-arms
+    as soon as the job moves again, so a later stall gets a verdict of its own.
     """
 
     def __init__(
@@ -164,25 +216,29 @@ class HangWatchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._main_ident = threading.main_thread().ident
-        self._last_position: tuple | None = None
+        self._counters = ProgressCounters()
+        self._last_reading: tuple | None = None
         self._last_progress = time.monotonic()
-        self._dumped = False
-        self._reported = False
+        self._stall_handled = False  # this stall (since the last progress) has had its dump
+        self._dumped_episode = 0  # the latest episode this rank dumped for
+        self._dumped_at = float("-inf")
+        self._woken = 0  # the latest episode the listener was woken for
+        self._served_request: str | None = None
+        self._backstop_armed = False
         # PyTorch's debug-server worker, started once the default process group exists (False: it failed)
         self.debug_server = debug_server
         self.run_dir = run_dir
         self._debug_worker: object | None = None
-        # Set by the listener when another rank asks for dumps; None: not started, False: polling instead
-        self._requested = threading.Event()
-        self._listener: threading.Thread | bool | None = None
+        self._listener: threading.Thread | bool | None = None  # None: not started, False: polling instead
         self._own_store: object | None = None  # see _coordination
 
     # -- public -------------------------------------------------------------------------------
     def progress(self) -> None:
-        self._last_progress = time.monotonic()
+        self._counters.note_progress()
 
     def start(self) -> HangWatchdog:
         if self._thread is None:
+            _guard_program_timers()
             self._thread = threading.Thread(target=self._run, name="torchtriage-watchdog", daemon=True)
             self._thread.start()
             self._arm_backstop()
@@ -190,7 +246,8 @@ class HangWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
-        faulthandler.cancel_dump_traceback_later()
+        self._cancel_backstop()
+        self._counters.close()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.poll_seconds + 1)
 
@@ -210,11 +267,12 @@ class HangWatchdog:
 
     def _poll(self) -> None:
         frame = sys._current_frames().get(self._main_ident)
-        position = (id(frame.f_code), frame.f_lineno) if frame is not None else None
         now = time.monotonic()
-        if position != self._last_position or _gathering_ranks(frame):
-            self._last_position = position
+        reading = (stack_signature(frame), self._counters.reading())
+        if reading != self._last_reading or _gathering_ranks(frame):
+            self._last_reading = reading
             self._last_progress = now
+            self._stall_handled = False  # re-armed: a later stall is a new episode
             self._arm_backstop()
         stalled = now - self._last_progress >= self.stall_seconds
         store = self._store()
@@ -222,32 +280,42 @@ class HangWatchdog:
             self._start_debug_server()
         if store is not None and self._listener is None:
             self._start_listener(store)
-        requested = self._requested.is_set() or (self.out_dir / REQUEST_FILE).exists()
-        if not requested and store is not None and self._listener is False:
-            requested = self._dump_requested(store)  # a store that cannot hold a wait: polled
-        if (stalled or requested) and not self._dumped:
-            self._dump(stalled)
-            if store is not None:
-                self._announce(self._coordination(store), store, stalled)
-        if stalled and self.report and not self._reported and store is not None:
-            self._reported = True
-            shared = self._coordination(store)
-            if int(shared.add(STORE_PREFIX + "reporter", 1)) == 1:
-                self._write_verdict(shared)
-        elif stalled and self.report and not self._reported and store is None:
-            self._reported = True
-            self._write_verdict(None)
+        self._serve_request(stalled)
+        if stalled and not self._stall_handled:
+            self._stall_handled = True
+            self._on_stall(store)
+        elif store is not None and self._requested_episode(store) > self._dumped_episode:
+            self._join(store, self._requested_episode(store), stalled)
+
+    def _requested_episode(self, store) -> int:
+        """The latest episode another rank started, as the listener heard it (or as polled without one)."""
+        if self._listener is False:
+            try:
+                return current_episode(self._coordination(store))
+            except Exception:  # noqa: BLE001 - the store went away: nothing requested
+                return self._dumped_episode
+        return self._woken
 
     def _arm_backstop(self) -> None:
-        # Re-armed on every observed move; fires only if this thread itself cannot run.
+        # Re-armed on every observed move; fires only if this thread itself cannot run. Never over a timer the
+        # program armed itself: faulthandler holds one, and the program's (its exit=True included) wins.
+        if _ProgramTimers.armed:
+            self._backstop_armed = False
+            return
         path = self.out_dir / f"faulthandler-rank{self.rank if self.rank is not None else os.getpid()}.txt"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             if not hasattr(self, "_backstop_file"):
                 self._backstop_file = open(path, "w")  # noqa: SIM115 - kept open for faulthandler
-            faulthandler.dump_traceback_later(self.stall_seconds * 2 + 30, repeat=False, file=self._backstop_file)
+            _FAULTHANDLER_ARM(self.stall_seconds * 2 + 30, repeat=False, file=self._backstop_file)
+            self._backstop_armed = True
         except (OSError, ValueError, RuntimeError):
             pass
+
+    def _cancel_backstop(self) -> None:
+        if self._backstop_armed and not _ProgramTimers.armed:
+            _FAULTHANDLER_CANCEL()
+        self._backstop_armed = False
 
     def _start_debug_server(self) -> None:
         from torchtriage.runtime import debug_server
@@ -260,20 +328,66 @@ class HangWatchdog:
         if why:
             warnings.warn(f"torchtriage: the debug server did not start: {why}", RuntimeWarning, stacklevel=1)
 
+    # -- episodes ----------------------------------------------------------------------------
+    def _on_stall(self, store) -> None:
+        """This rank stalled: join the episode another rank started, or claim the next one."""
+        if store is None:  # a process alone: no other rank to agree with
+            archive_earlier(self.out_dir)
+            self._dump(self.out_dir, stalled=True)
+            self._dumped_episode += 1
+            if self.report:
+                self._write_verdict(None, self._dumped_episode)
+            return
+        shared = self._coordination(store)
+        seen = current_episode(shared)
+        if seen > self._dumped_episode:
+            self._join(store, seen, stalled=True)  # started by another rank; the listener had not said so yet
+            return
+        if seen == self._dumped_episode and self._dumped_at >= self._last_progress:
+            return  # this rank dumped for the current episode while already stalled: that dump is this stall's
+        episode, claimed = claim_episode(shared, seen)
+        if claimed:
+            root = _root_tcp_store(shared) or _root_tcp_store(store)
+            if root is not None:
+                root.set(wake_key(episode), str(self.rank))  # first, so no listener waits behind a dead claimant
+            archive_earlier(self.out_dir)
+            mark_archived(shared, episode)
+        self._episode_dump(shared, store, episode, stalled=True, claimed=claimed)
+        if self.report and is_reporter(shared, episode):
+            self._write_verdict(shared, episode)
+
+    def _join(self, store, episode: int, stalled: bool) -> None:
+        shared = self._coordination(store)
+        self._episode_dump(shared, store, episode, stalled=stalled, claimed=False)
+
+    def _episode_dump(self, shared, store, episode: int, *, stalled: bool, claimed: bool) -> None:
+        if not claimed:
+            wait_archived(shared, episode)
+        self._dump(self.out_dir, stalled)
+        self._dumped_episode, self._dumped_at = episode, time.monotonic()
+        announce(shared, _root_tcp_store(shared) or _root_tcp_store(store), episode, self.rank, stalled)
+
+    def _serve_request(self, stalled: bool) -> None:
+        """A live `diagnose` asked for fresh dumps: each request once, into a folder of its own."""
+        token = request_token(self.out_dir)
+        if token is None or token == self._served_request:
+            return
+        self._served_request = token
+        self._dump(request_folder(self.out_dir, token), stalled)
+
     # -- evidence ----------------------------------------------------------------------------
     def _name(self) -> str:
         return f"rank{self.rank:02d}" if self.rank is not None else f"pid{os.getpid()}"
 
-    def _dump(self, stalled: bool) -> None:
-        self._dumped = True
-        self.out_dir.mkdir(parents=True, exist_ok=True)
+    def _dump(self, folder: Path, stalled: bool) -> None:
+        make_private_folders(folder)  # stacks show what the ranks hold
         stacks = format_stacks(sys._current_frames(), self._main_ident, stalled)
-        (self.out_dir / f"{self._name()}.txt").write_text(stacks)
+        write_whole(folder / f"{self._name()}.txt", stacks)
         fr = self._flight_recorder_dump()
         if fr is not None:
-            fr_dir = self.out_dir / FR_SUBDIR
-            fr_dir.mkdir(exist_ok=True)
-            (fr_dir / f"{FR_PREFIX}{self.rank if self.rank is not None else os.getpid()}").write_bytes(fr)
+            fr_dir = folder / FR_SUBDIR
+            make_private_folders(fr_dir)
+            write_whole(fr_dir / f"{FR_PREFIX}{self.rank if self.rank is not None else os.getpid()}", fr)
 
     @staticmethod
     def _flight_recorder_dump() -> bytes | None:
@@ -334,19 +448,15 @@ class HangWatchdog:
         for attempt in range(_LISTEN_ATTEMPTS):
             try:
                 client = TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=timedelta(seconds=60))
-                client.wait([wake_key()], _LISTEN_FOR)
-                self._requested.set()
+                while not self._stop.is_set():
+                    episode = max(self._woken, self._dumped_episode) + 1
+                    client.wait([wake_key(episode)], _LISTEN_FOR)
+                    self._woken = episode
                 return
             except Exception:  # noqa: BLE001 - the store went away (the job ends) or refused: retry, then poll
                 if self._stop.wait(5.0 * (attempt + 1)):
                     return
         self._listener = False
-
-    def _dump_requested(self, store) -> bool:
-        try:
-            return bool(self._coordination(store).check([STORE_PREFIX + "dump_request"]))
-        except Exception:  # noqa: BLE001
-            return False
 
     def _coordination(self, store):
         """The store the watchdogs talk through once one stalls: a client of their own to the job's TCPStore,
@@ -362,67 +472,56 @@ class HangWatchdog:
 
                     client = TCPStore(root.host, root.port, is_master=False, wait_for_workers=False,
                                       timeout=timedelta(seconds=60))  # fmt: skip
-                    self._own_store = PrefixStore(_run_prefix(), client)
+                    self._own_store = PrefixStore(run_prefix(), client)
                 except Exception:  # noqa: BLE001 - the job's own client then, as before
                     self._own_store = store
         return self._own_store
 
-    def _announce(self, shared, store, stalled: bool) -> None:
-        if stalled:
-            shared.set(STORE_PREFIX + "dump_request", str(self.rank))
-            root = _root_tcp_store(shared) or _root_tcp_store(store)
-            if root is not None:
-                root.set(wake_key(), str(self.rank))  # every rank's listener wakes
-            shared.set(STORE_PREFIX + f"stalled/{self.rank}", "1")
-        shared.add(STORE_PREFIX + "dumped", 1)
-
-    def _write_verdict(self, store) -> None:
-        expected = self.world_size or 1
-        deadline = time.monotonic() + _REPORT_WAIT_S
-        while store is not None and time.monotonic() < deadline:
-            if int(store.add(STORE_PREFIX + "dumped", 0)) >= expected:
-                break
-            time.sleep(0.5)
+    def _write_verdict(self, shared, episode: int) -> None:
+        if shared is not None:
+            wait_for_dumps(shared, episode, self.world_size or 1, _REPORT_WAIT_S)
         # The analysis runs as `torchtriage diagnose`, in a process of its own: it holds neither this rank's
         # GIL nor its memory, and the runtime imports none of the analysis. Without the run's variables, that
-        # process arms no watchdog of its own.
+        # process arms no watchdog of its own. It writes into a dot folder first: should a later stall begin
+        # meanwhile, this verdict never lands among that stall's files.
         env = {k: v for k, v in os.environ.items() if k not in (RUN_DIR_ENV, STALL_SECONDS_ENV)}
-        command = [
-            sys.executable,
-            "-m",
-            "torchtriage",
-            "diagnose",
-            str(self.out_dir),
-            "--write-verdict",
-            str(self.out_dir),
-        ]
+        staging = self.out_dir / f".verdict-{episode}"
+        command = [sys.executable, "-m", "torchtriage", "diagnose", str(self.out_dir), "--write-verdict", str(staging)]
         done = subprocess.run(
             command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=_VERDICT_TIMEOUT_S, check=False
         )
-        written = self.out_dir / f"{VERDICT_STEM}.json"
+        written = staging / f"{VERDICT_STEM}.json"
         if not written.exists():
             reason = done.stderr.decode(errors="replace").strip()[-500:]
             warnings.warn(f"torchtriage watchdog: no verdict was written: {reason}", RuntimeWarning, stacklevel=1)
             return
+        self._stamp_verdict(written, episode)
+        if shared is not None and current_episode(shared) != episode:
+            return  # a later stall began: this verdict stays in its dot folder
+        for part in sorted(staging.iterdir()):
+            os.replace(part, self.out_dir / part.name)
+        try:
+            staging.rmdir()
+        except OSError:
+            pass
+
+    def _stamp_verdict(self, written: Path, episode: int) -> None:
+        """Name the stall the verdict is of: its number in this job, when it was noticed, by which rank."""
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         verdict = json.loads(written.read_text())
         verdict["facts"]["reported_by_rank"] = self.rank
+        verdict["facts"]["watchdog"] = {"episode": episode, "noticed_at": at, "reported_by_rank": self.rank}
         write_whole(written, json.dumps(verdict, indent=2) + "\n")
+        text = written.with_suffix(".txt")
+        if text.exists():
+            line = f"watchdog  stall {episode} of this job, noticed at {at} by rank {self.rank}"
+            if episode > 1:
+                line += f"; the earlier stalls' files are in {EARLIER_SUBDIR}/"
+            write_whole(text, text.read_text().rstrip("\n") + "\n" + line + "\n")
 
 
 _LISTEN_FOR = timedelta(days=30)  # one wait; a wait that times out logs a warning
 _LISTEN_ATTEMPTS = 3
-
-
-def _run_prefix() -> str:
-    """Per torchelastic run and restart: a request of an earlier attempt does not fire in the next."""
-    run = os.environ.get("TORCHELASTIC_RUN_ID", "")
-    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    return f"{STORE_PREFIX}{run}/{restart}/"
-
-
-def wake_key() -> str:
-    """The key a stalled rank sets to wake every listener, in the root of the job's store."""
-    return f"{_run_prefix()}wake"
 
 
 def _root_tcp_store(store):

@@ -3,6 +3,11 @@
 Python imports the first `sitecustomize` on its path at start-up; this one starts the watchdog in
 processes that are ranks (RANK is set; the launcher's own agent has none), then hands over to the
 sitecustomize that would otherwise have run, so the user's set-up is unchanged.
+
+Only the process the launcher started is armed: its children (DataLoader workers started with spawn,
+services it forks and execs) inherit RANK and the run folder too, and would otherwise each write a
+rank's stacks and a verdict, even after the job is gone. The armed process notes its pid in the
+environment its children inherit; a process that finds another pid there is a child.
 """
 
 import importlib.util
@@ -10,12 +15,21 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_ARMED_PID = "TORCHTRIAGE_ARMED_PID"
+
+
+def _is_launched_rank():
+    if not os.environ.get("TORCHTRIAGE_RUN_DIR") or os.environ.get("RANK") is None:
+        return False
+    armed = os.environ.get(_ARMED_PID)
+    if armed and armed != str(os.getpid()):
+        return False  # a child of an armed rank
+    os.environ[_ARMED_PID] = str(os.getpid())
+    return True
 
 
 def _start_watchdog():
     # The names are torchtriage.protocol's; it is not importable yet (torchtriage may be found below).
-    if not os.environ.get("TORCHTRIAGE_RUN_DIR") or os.environ.get("RANK") is None:
-        return
     try:
         import torchtriage  # noqa: F401
     except ImportError:
@@ -36,7 +50,7 @@ def _monitor_after_torch_import():
     Importing torch here would slow every rank's start and run before the program's own set-up, so
     a finder waits for the program's `import torch` and starts the monitor when it has finished.
     """
-    if not os.environ.get("TORCHTRIAGE_MONITOR_WINDOW") or os.environ.get("RANK") is None:
+    if not os.environ.get("TORCHTRIAGE_MONITOR_WINDOW"):
         return
     import importlib.abc
 
@@ -78,6 +92,7 @@ def _chain_to_next_sitecustomize():
             return
 
 
-_start_watchdog()
-_monitor_after_torch_import()
+if _is_launched_rank():
+    _start_watchdog()
+    _monitor_after_torch_import()
 _chain_to_next_sitecustomize()
