@@ -29,7 +29,7 @@ def add_limits(parser: argparse.ArgumentParser) -> None:
         help="raise (or lower) what one input may cost to read: bytes=512M (a file read whole, after "
         "decompression), stream-bytes=64G (a log, trace or snapshot), items=200M, depth=200, rank=1048575, "
         "expansion=50M (shared references followed), memory=1G and seconds=20 (a pickle reader's child, per "
-        "file); repeatable (docs/security.md)",
+        "file), answers=4G (every rank's answers to diagnose --store together); repeatable (docs/security.md)",
     )
 
 
@@ -92,10 +92,12 @@ def check_html_target(path: str | None, example: str) -> None:
 def emit(text: str, styled: bool = False) -> None:
     """Print the output, its control characters escaped (unless `styled`: already safe, and coloured); a
     reader that went away (`| head`) is not an error and changes no exit code."""
-    from torchtriage.report.safe_text import visible_lines
+    from torchtriage.report.safe_text import encodable, visible_lines
 
     try:
-        print(text if styled else visible_lines(text))
+        # Styled text keeps its colours, but never a lone surrogate (a name's byte that is not UTF-8): a strict
+        # UTF-8 stdout could not write it.
+        print(encodable(text) if styled else visible_lines(text))
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -116,12 +118,12 @@ def write_verdict(verdict: Verdict, folder: Path) -> None:
     """DIR/verdict.json and DIR/verdict.txt, as the hang watchdog leaves them beside the evidence."""
     import io
 
-    from torchtriage.protocol import VERDICT_STEM, write_whole
+    from torchtriage.protocol import VERDICT_STEM, make_private_folders, write_whole
     from torchtriage.report.json_report import render_json
     from torchtriage.report.text import render_text
 
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_private_folders(folder)  # made private; a folder that exists is left as it is (its files are 0600)
         write_whole(folder / f"{VERDICT_STEM}.json", render_json(verdict) + "\n")
         write_whole(folder / f"{VERDICT_STEM}.txt", render_text(verdict, stream=io.StringIO()) + "\n")
     except OSError as err:

@@ -48,7 +48,9 @@ def run(args: argparse.Namespace) -> int:
         Path(args.html).write_text(page, encoding="utf-8")
     except OSError as err:
         raise InputError(f"--html {args.html}: cannot write it ({err.strerror or err}).") from None
+    from torchtriage.report.safe_text import visible
     from torchtriage.report.text import render_text
 
-    emit(render_text(verdict) + f"\nHTML report: {args.html}")
+    # The verdict's text is made visible by render_text (and coloured on a terminal): only the name is left.
+    emit(render_text(verdict) + f"\nHTML report: {visible(args.html)}", styled=True)
     return verdict_exit(verdict)

@@ -6,6 +6,7 @@ import html
 from typing import Any
 
 from torchtriage.model import Verdict
+from torchtriage.report.safe_text import encodable
 
 _COLOURS = {
     "compute": "#4e79a7",
@@ -34,7 +35,8 @@ esc = html.escape
 
 
 def page(title: str, body: str) -> str:
-    return (
+    # A name's bytes that are not UTF-8 are written as the terminal shows them (`\xff`): the page is UTF-8.
+    return encodable(
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>'
         f"<style>{_CSS}</style></head><body>{body}</body></html>"
     )

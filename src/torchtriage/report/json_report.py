@@ -8,22 +8,27 @@ import math
 from typing import Any
 
 from torchtriage.model import Verdict
+from torchtriage.report.safe_text import encodable
 
 
-def _finite(value: Any) -> Any:
-    """`value` with every NaN or infinity replaced by null: strict JSON parsers reject the bare `NaN`."""
+def _strict(value: Any) -> Any:
+    """`value` with every NaN or infinity replaced by null (strict JSON parsers reject the bare `NaN`), and every
+    lone surrogate in a string or key written as its escape (a file name's byte 0xff as the text `\\xff`):
+    JSON is Unicode text, and strict parsers reject a lone `\\udcff` too."""
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, str):
+        return encodable(value)
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {_strict(k): _strict(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [_strict(v) for v in value]
     return value
 
 
 def json_text(value: Any) -> str:
-    """Strict JSON (no NaN), indented; what it cannot encode is written as its string."""
-    return json.dumps(_finite(value), indent=2, default=str, allow_nan=False)
+    """Strict JSON (no NaN, no lone surrogate), indented; what it cannot encode is written as its string."""
+    return json.dumps(_strict(value), indent=2, default=lambda other: encodable(str(other)), allow_nan=False)
 
 
 def render_json(verdict: Verdict) -> str:

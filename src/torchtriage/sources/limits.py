@@ -50,10 +50,14 @@ class Limits:
     # Values a pickle expands to when each shared reference is counted by what it refers to (a "billion
     # laughs" is small on disk and enormous once walked): genuine dumps expand to a few million.
     expansion: int = 50_000_000
+    # Bytes the answers of every rank's debug server may hold together (`diagnose --store`), written into the
+    # capture folder as they come: each answer is sure of an equal share and holds at most `bytes`. A rank's
+    # stack is KBs, its flight recorder a few MB: 4 GB is about 4,000 ranks' worth.
+    answers: int = 4 << 30
 
 
 # The limits counted in bytes (written with K, M, G or T).
-SIZES = ("bytes", "stream_bytes", "memory")
+SIZES = ("bytes", "stream_bytes", "memory", "answers")
 # Flag names as written on the command line: --limit stream-bytes=100G
 _FLAG_NAMES = {f.name.replace("_", "-"): f.name for f in fields(Limits)}
 _SIZE = re.compile(r"(?i)^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$")

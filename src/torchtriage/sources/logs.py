@@ -237,6 +237,8 @@ def wrap_width(sample: bytes) -> Wrapping | None:
 
     A terminal wraps the whole line, prefix and all; a program that wraps before a launcher prefixes
     its lines leaves the prefix on every piece: both are tried."""
+    if len(sample) < 2 * _WRAP_MIN_WIDTH or sample.count(b"\n") < 2:
+        return None  # not two complete lines at the width, the least a wrap shows (a folder's tiny logs)
     lines = [line.rstrip(b"\r") for line in sample.split(b"\n")[:-1]]  # complete lines only
     return _wrapping(lines, peeled=False) or _wrapping(lines, peeled=True)
 

@@ -23,7 +23,23 @@ from torchtriage.model import SourceKind
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import ByteBudget
-from torchtriage.sources.streams import GZIP_MAGIC, Budgeted, Replay, TolerantGunzip, open_regular
+from torchtriage.sources.streams import (
+    GZIP_MAGIC,
+    KERNEL_FILE,
+    Budgeted,
+    Refused,
+    Replay,
+    TolerantGunzip,
+    found_in_folder,
+    give_file,
+    give_folder,
+    inside_given,
+    is_kernel_interface,
+    not_regular,
+    open_fd,
+    open_regular,
+    outside,
+)
 
 STDIN = "-"
 HEAD_BYTES = 8192
@@ -194,10 +210,17 @@ _UNKNOWN_PICKLE = SourceType(
 )
 
 
+# What the first byte after ASCII white space may be where the text, stripped of Unicode white space (the
+# separators U+001C..U+001F too), starts with a bracket; a byte past ASCII may start white space (U+00A0).
+_MAY_START_JSON = (b"{", b"[", b"\x1c", b"\x1d", b"\x1e", b"\x1f")
+
+
 def _json_document(head: Head) -> bool:
     """One JSON document, as far as its first bytes go: not JSON lines (a log), nor a log line that
     happens to start with a bracket ("[rank3]: ...", "[1,3]<stderr>: ..."). A `.json` file that starts
     like JSON is JSON, however broken (its reader says where)."""
+    if head.text_start not in _MAY_START_JSON and head.text_start < b"\x80":
+        return False  # decided without decoding the head: most files of a folder are not JSON
     text = head.data.decode("utf-8", errors="replace").lstrip()
     if text[:1] not in ("{", "[") or _record_read_as_log(head):
         return False
@@ -224,9 +247,18 @@ _SNIFF_ORDER = (
 )
 
 
+def _sniff_index(head: Head) -> int:
+    """Where the kind of an artifact is in _SNIFF_ORDER (-1: binary data)."""
+    return next((index for index, kind in enumerate(_SNIFF_ORDER) if kind.sniff(head)), -1)
+
+
+def _type_at(index: int) -> SourceType:
+    return _SNIFF_ORDER[index] if index >= 0 else _BINARY
+
+
 def sniff(head: Head) -> SourceType:
     """The kind of an artifact from its first bytes (and, for documents, its name)."""
-    return next((t for t in _SNIFF_ORDER if t.sniff(head)), _BINARY)
+    return _type_at(_sniff_index(head))
 
 
 def rank_from_name(path: str, kind: SourceKind | None = None) -> int | None:
@@ -298,74 +330,191 @@ def _head_of(name: str, raw: bytes) -> Head:
     return Head(name, raw, False)
 
 
-def _describe_os_error(path: str, err: OSError) -> str:
-    reason = err.strerror or type(err).__name__
+def _unreadable(err: OSError) -> str:
+    """Why a file cannot be read, for the user: what torchtriage refuses, or the system's reason."""
+    if isinstance(err, Refused):
+        return f"{err.strerror}."
     hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
-    return f"{path}: cannot be read: {reason}{hint}."
+    return f"cannot be read: {err.strerror or type(err).__name__}{hint}."
+
+
+def _describe_os_error(path: str, err: OSError) -> str:
+    return f"{path}: {_unreadable(err)}"
+
+
+# What sniffing a file gives: its kind (an index in _SNIFF_ORDER, -1: binary), whether it is gzip, its rank;
+# or why it is not read. Plain data: the results of a folder of thousands come back pickled from children.
+_Sniffed = tuple[int, bool, int | None]
+
+
+def _sniff_file(path: str, found: bool | None = None) -> _Sniffed | str:
+    """What a regular file is, from its first bytes (read from the descriptor whose size was taken), or why it
+    is not read. `found`: whether it was found in a folder given (None: look it up)."""
+    try:
+        fd, status = open_fd(path, found)
+    except OSError as err:
+        return _unreadable(err)
+    try:
+        raw = os.read(fd, min(status.st_size, HEAD_BYTES)) if status.st_size else b""
+    except OSError as err:
+        return _unreadable(err)
+    finally:
+        os.close(fd)
+    if not raw:
+        return "the file is empty (nothing was written to it, or it was cut off)."
+    head = _head_of(os.path.basename(path), raw)
+    if head.compressed and not head.data:
+        return "a gzip file that cannot be decompressed."
+    index = _sniff_index(head)
+    return index, head.compressed, rank_from_name(path, _type_at(index).kind)
+
+
+def _input_of(path: str, sniffed: _Sniffed, named: bool) -> Input:
+    index, compressed, rank = sniffed
+    return Input(path, _type_at(index), compressed, rank, named)
 
 
 def _examine(path: str, problems: list[str], named: bool) -> Input | None:
     """The Input a regular file makes, or None (with a problem when it matters)."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as err:
-        problems.append(_describe_os_error(path, err))
+    sniffed = _sniff_file(path)
+    if isinstance(sniffed, str):
+        problems.append(f"{path}: {sniffed}")
         return None
-    if not stat.S_ISREG(mode):
-        what = "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
-        problems.append(f"{path}: {what}, not a file; torchtriage reads only regular files (it would wait forever).")
-        return None
-    try:
-        with open_regular(path) as handle:
-            raw = handle.read(HEAD_BYTES)
-    except OSError as err:
-        problems.append(_describe_os_error(path, err))
-        return None
-    if not raw:
-        problems.append(f"{path}: the file is empty (nothing was written to it, or it was cut off).")
-        return None
-    head = _head_of(os.path.basename(path), raw)
-    if head.compressed and not head.data:
-        problems.append(f"{path}: a gzip file that cannot be decompressed.")
-        return None
-    found = sniff(head)
-    return Input(path, found, head.compressed, rank_from_name(path, found.kind), named)
+    return _input_of(path, sniffed, named)
 
 
-def _natural_key(path: str) -> list[object]:
+def _natural_key(name: str) -> list[object]:
     # Numbers compare as numbers (rank2 before rank10); one too long to be a rank sorts after every other.
-    return [(as_int(part, 1 << 64), part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
+    return [(as_int(part, 1 << 64), part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
+def _link(path: str, problems: list[str]) -> bool:
+    """Whether the link at `path`, found in a folder, leads to a file to read. A link out of the folders given
+    is named, not followed; one to a folder inside is not walked twice (its files are found where they are)."""
+    target = os.path.realpath(path)
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        problems.append(f"{path}: a link to {target}, which does not exist; not read.")
+        return False
+    if not inside_given(target):
+        problems.append(f"{path}: {outside(target, 'a folder' if stat.S_ISDIR(mode) else 'a file')}.")
+        return False
+    if stat.S_ISDIR(mode):
+        return False
+    if not stat.S_ISREG(mode):
+        problems.append(f"{path}: a link to {not_regular(mode)}.")
+        return False
+    return True
+
+
+def _entries(folder: str, problems: list[str]) -> list[tuple[list[object], os.DirEntry]]:
+    """A folder's entries that may matter (not hidden), each with its natural sort key."""
+    try:
+        with os.scandir(folder) as listing:
+            entries = [entry for entry in listing if not entry.name.startswith(".")]
+    except OSError as err:
+        problems.append(_describe_os_error(folder, err))
+        return []
+    # A folder's key ends with the separator, so that the walk lists paths in the order a sort of the whole
+    # paths gives (run/rank1.log before run/rank1/, run/a2/ before run/a10.log), sorting only names.
+    return [(_natural_key(e.name + os.sep if e.is_dir(follow_symlinks=False) else e.name), e) for e in entries]
 
 
 def _walk(folder: str, problems: list[str]) -> list[str]:
+    """Every file under `folder` to examine, in natural order. The type of each entry comes with the listing
+    (no call per file); what is not a regular file is a problem, and so is a link out of the folders given."""
     found: list[str] = []
-    for root, dirs, files in os.walk(
-        folder, onerror=lambda err: problems.append(_describe_os_error(err.filename, err))
-    ):
-        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        found.extend(os.path.join(root, name) for name in files if not name.startswith("."))
-    return sorted(found, key=_natural_key)
+    # (key, entry) still to visit, the next one last: a folder's entries replace it, so the order stays natural.
+    pending = sorted(_entries(folder, problems), key=lambda item: item[0], reverse=True)
+    while pending:
+        _, entry = pending.pop()
+        if entry.is_dir(follow_symlinks=False):
+            pending += sorted(_entries(entry.path, problems), key=lambda item: item[0], reverse=True)
+        elif entry.is_file(follow_symlinks=False):
+            found.append(entry.path)
+        elif entry.is_symlink():
+            if _link(entry.path, problems):
+                found.append(entry.path)
+        else:
+            try:
+                problems.append(f"{entry.path}: {not_regular(entry.stat(follow_symlinks=False).st_mode)}.")
+            except OSError as err:
+                problems.append(_describe_os_error(entry.path, err))
+    return found
 
 
 # Below this many files, forking costs more than sniffing them here.
 _FORK_FROM = 2048
 
 
-def _examine_found(path: str) -> tuple[Input | None, str | None]:
-    problems: list[str] = []
-    return _examine(path, problems, named=False), problems[0] if problems else None
+def _sniff_found(path: str) -> _Sniffed | str:
+    return _sniff_file(path, found=True)
 
 
-def _examine_all(files: list[str]) -> list[tuple[Input | None, str | None]]:
-    """Each file of a folder examined; a folder of thousands (a rank's stack and dump each) on every core."""
+def _sniff_all(files: list[str]) -> list[_Sniffed | str]:
+    """Each file of a folder sniffed; a folder of thousands (a rank's stack and dump each) on every core."""
     jobs = usable_cores()
     if jobs > 1 and len(files) >= _FORK_FROM and can_fork():
-        return map_forked(_examine_found, files, jobs)
-    return [_examine_found(f) for f in files]
+        return map_forked(_sniff_found, files, jobs)
+    return [_sniff_found(f) for f in files]
+
+
+# Past this many files alike (empty, of no kind read here), the rest are counted, not listed one a line.
+LISTED_ALIKE = 5
+
+
+def fold_alike(problems: list[tuple[str, str]]) -> list[str]:
+    """(path, reason) pairs as lines: each reason once with the first few paths and the count of the rest,
+    where more than LISTED_ALIKE files share it (a folder of 100,000 empty files is one line, not 100,000)."""
+    by_reason: dict[str, list[str]] = {}
+    for path, reason in problems:
+        by_reason.setdefault(reason, []).append(path)
+    lines = []
+    for reason, paths in by_reason.items():
+        if len(paths) <= LISTED_ALIKE:
+            lines += [f"{path}: {reason}" for path in paths]
+        else:
+            shown = ", ".join(paths[:3])
+            lines.append(f"{shown} and {len(paths) - 3:,} more files, each: {reason}")
+    return lines
+
+
+def _discover_folder(folder: str, problems: list[str]) -> list[Input]:
+    try:
+        if is_kernel_interface(os.stat(folder)):
+            problems.append(f"{folder}: a folder of {KERNEL_FILE.removeprefix('a file of ')}.")
+            return []
+    except OSError as err:
+        problems.append(_describe_os_error(folder, err))
+        return []
+    walk_problems: list[str] = []
+    files = _walk(folder, walk_problems)
+    found: list[Input] = []
+    alike: list[tuple[str, str]] = []
+    for path, sniffed in zip(files, _sniff_all(files), strict=True):
+        if isinstance(sniffed, str):
+            alike.append((path, sniffed))
+        else:
+            found.append(_input_of(path, sniffed, named=False))
+    problems += walk_problems + fold_alike(alike)
+    if not found:
+        problems.append(f"{folder}: the folder holds no file torchtriage can read.")
+    return found
 
 
 def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
-    """Every artifact under `paths`, each with its kind; what cannot be read is added to `problems`."""
+    """Every artifact under `paths`, each with its kind; what cannot be read is added to `problems`.
+
+    A file found in a folder is read only inside the folders given (a link out is named, not followed); a file
+    named is read wherever it leads. Neither is read if it is not a regular file or is the kernel's (/proc)."""
+    paths = list(paths)
+    for path in paths:
+        if path != STDIN and not os.path.isdir(path) and not found_in_folder(path):
+            give_file(path)  # a path found in a folder earlier, discovered again, stays inside the folders given
+    for path in paths:
+        if path != STDIN and os.path.isdir(path):
+            give_folder(path)
     inputs: list[Input] = []
     for path in paths:
         if path == STDIN:
@@ -376,16 +525,7 @@ def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
             head = _head_of("<stdin>", raw)
             inputs.append(Input(STDIN, sniff(head), head.compressed, None))
         elif os.path.isdir(path):
-            files = _walk(path, problems)
-            found = []
-            for item, problem in _examine_all(files):
-                if item is not None:
-                    found.append(item)
-                if problem:
-                    problems.append(problem)
-            if not found:
-                problems.append(f"{path}: the folder holds no file torchtriage can read.")
-            inputs += found
+            inputs += _discover_folder(path, problems)
         elif os.path.lexists(path):
             found_input = _examine(path, problems, named=True)
             if found_input is not None:
@@ -421,15 +561,20 @@ def not_read_here(inputs: Iterable[Input], reads: Iterable[SourceKind]) -> list[
     files of another kind found in folders counted, each with the verb that reads them."""
     wanted = set(reads) | {SourceKind.TORCHTRIAGE_OUTPUT, SourceKind.DOCUMENT}
     lines: list[str] = []
+    unknown: list[tuple[str, str]] = []  # of no kind, found in folders: the first few named, the rest counted
     counts: dict[SourceKind, int] = {}
     for item in inputs:
         if item.kind in wanted:
             continue
         if item.named or item.kind == SourceKind.UNKNOWN:
             by = f"; `torchtriage {item.type.read_by}` reads it" if item.type.read_by else ""
-            lines.append(f"{item.display}: {item.type.what}{by}; not read here.")
+            if item.named:
+                lines.append(f"{item.display}: {item.type.what}{by}; not read here.")
+            else:
+                unknown.append((item.display, f"{item.type.what}{by}; not read here."))
         else:
             counts[item.kind] = counts.get(item.kind, 0) + 1
+    lines += fold_alike(unknown)
     if counts:
         parts = []
         for kind, count in counts.items():

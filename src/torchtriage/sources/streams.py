@@ -1,13 +1,21 @@
-"""Byte streams that readers share: regular files only, gzip read as far as it goes, every byte counted.
+"""Byte streams that readers share: regular files only, inside the folders given, read up to their size.
 
-Every reader opens its files here. A FIFO, socket or device is refused before anything waits on it; a
-gzip stream is inflated in bounded pieces, so a bomb stops at the limit instead of after; and what comes
-out is counted against the byte budget of `limits` (a file read whole has a smaller one than a stream).
+Every reader opens its files here. A FIFO, socket or device is refused before anything waits on it, and so is a
+file of the kernel's interfaces (/proc, /sys): some of them block forever (/proc/kmsg) or give away what is
+not the job's (/proc/self/environ). A file found in a folder the user gave is read only where it lies inside
+the folders given: a link out of them is named, not followed (a file named on the command line is read
+wherever it leads: the user chose it). Every check is made on the open descriptor, so a file swapped after it
+was listed is still caught. A file is read up to its size when it was opened: a log that a live job still
+writes ends where it was. A gzip stream is inflated in bounded pieces, so a bomb stops at the limit instead
+of after; and what comes out is counted against the byte budget of `limits` (a file read whole has a
+smaller one than a stream).
 """
 
 from __future__ import annotations
 
 import errno
+import functools
+import io
 import os
 import stat
 import zlib
@@ -20,6 +28,22 @@ GZIP_MAGIC = b"\x1f\x8b"
 _RAW_CHUNK = 1 << 20
 # The most one inflate call may produce: a megabyte of zeros inflates to a gigabyte.
 _OUT_CHUNK = 4 << 20
+# Opened without blocking, so that a FIFO with no writer cannot stall the open itself.
+_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+_NO_FOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# Filesystems that are the kernel's interfaces, not storage: none of their files is an artifact.
+_KERNEL_FILESYSTEMS = frozenset(
+    b"proc sysfs debugfs tracefs securityfs configfs cgroup cgroup2 bpf pstore efivarfs fusectl binfmt_misc "
+    b"rpc_pipefs nfsd mqueue devpts devtmpfs".split()
+)
+
+
+class Refused(OSError):
+    """A file torchtriage does not open or read: not a regular file, a kernel interface, or outside the folders
+    given. Its `strerror` says which, for the user."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.EINVAL, reason)
 
 
 def _kind_of(mode: int) -> str:
@@ -32,25 +56,202 @@ def _kind_of(mode: int) -> str:
     return "not a regular file"
 
 
-def open_regular(path: str) -> BinaryIO:
-    """Open a regular file for reading; anything else raises OSError saying what it is.
+def not_regular(mode: int) -> str:
+    """What a file that is not a regular one is, said for the user."""
+    return f"{_kind_of(mode)}, not a file; torchtriage reads only regular files (it would wait forever)"
 
-    Opened without blocking, so that a FIFO with no writer cannot stall the open itself, and checked on the
-    open descriptor, so that a file swapped for a FIFO after a check is still caught."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+
+KERNEL_FILE = (
+    "a file of the kernel's interfaces (/proc, /sys), not an artifact; torchtriage never reads these (some "
+    "block forever): save what it shows to a file and name that"
+)
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_devices() -> frozenset[int]:
+    """The device numbers of the kernel's interface filesystems mounted here (every file on one has its
+    filesystem's number as `st_dev`): from /proc/self/mountinfo, else those of /proc and /sys."""
+    devices = set()
     try:
-        mode = os.fstat(fd).st_mode
-        if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "a folder", path)
-        if not stat.S_ISREG(mode):
-            reason = f"{_kind_of(mode)}, not a file; torchtriage reads only regular files (it would wait forever)"
-            raise OSError(errno.EINVAL, reason)
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        with open("/proc/self/mountinfo", "rb") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if b"-" in fields[:-1] and fields[fields.index(b"-") + 1] in _KERNEL_FILESYSTEMS:
+                    major, _, minor = fields[2].partition(b":")
+                    devices.add(os.makedev(int(major), int(minor)))
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        storage = os.stat("/").st_dev
+        devices.update(d for d in (os.stat(m).st_dev for m in ("/proc", "/sys") if os.path.isdir(m)) if d != storage)
+    except OSError:
+        pass
+    return frozenset(devices)
+
+
+def is_kernel_interface(status: os.stat_result) -> bool:
+    """Whether a file (or folder) lies on one of the kernel's interface filesystems (/proc, /sys, ...)."""
+    return status.st_dev in _kernel_devices()
+
+
+# --- The folders given --------------------------------------------------------------------------------
+# A path found by walking a folder the user gave lies under that folder as the walk wrote it; it may be read
+# only where its real place (links followed) is inside one of the folders given. A file the user named is
+# read wherever it leads. Kept for the process: readers reopen the paths discovery found, in this process or
+# in its forked children.
+_walked: set[str] = set()  # every folder walked, absolute, with a trailing separator
+_given: set[str] = set()  # the real places of the folders given, with a trailing separator
+_named: set[str] = set()  # every file named, absolute
+
+
+def _with_separator(path: str) -> str:
+    return path if path.endswith(os.sep) else path + os.sep
+
+
+def give_folder(folder: str) -> None:
+    """`folder` was given by the user: what is found in it is read only inside the folders given."""
+    _walked.add(_with_separator(os.path.abspath(folder)))
+    _given.add(_with_separator(os.path.realpath(folder)))
+
+
+def give_file(path: str) -> None:
+    """`path` was named by the user: it is read wherever it leads."""
+    _named.add(os.path.abspath(path))
+
+
+def inside_given(real: str) -> bool:
+    """Whether a real path (links resolved) lies inside one of the folders given."""
+    return any(_with_separator(real).startswith(folder) for folder in _given)
+
+
+def found_in_folder(path: str) -> bool:
+    """Whether `path` lies under a folder walked (and was not named itself): it is read only inside the folders
+    given."""
+    if not _walked:
+        return False
+    absolute = os.path.abspath(path)
+    return absolute not in _named and any(absolute.startswith(folder) for folder in _walked)
+
+
+def outside(target: str, what: str = "a file") -> str:
+    """The reason a link out of the folders given is not followed."""
+    return f"a link to {what} outside the folder given ({target}); not read — name the file itself to read it"
+
+
+def _check_status(status: os.stat_result) -> None:
+    if stat.S_ISDIR(status.st_mode):
+        raise IsADirectoryError(errno.EISDIR, "a folder")
+    if not stat.S_ISREG(status.st_mode):
+        raise Refused(not_regular(status.st_mode))
+    if is_kernel_interface(status):
+        raise Refused(KERNEL_FILE)
+
+
+def _real_place(fd: int, path: str) -> str:
+    """Where the open descriptor's file really is: the kernel's own answer, so nothing swapped since counts."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # no /proc (macOS): the path resolved now
+        return os.path.realpath(path)
+
+
+def _open_found(path: str) -> int:
+    """Open a file found in a folder without following a link at its end; a link is followed only to a regular
+    file inside the folders given, and opened there (the place checked is the place read)."""
+    try:
+        return os.open(path, _FLAGS | _NO_FOLLOW)
+    except OSError as err:
+        if err.errno not in (errno.ELOOP, errno.EMLINK):  # what O_NOFOLLOW gives for a link (Linux, BSD)
+            raise
+    target = os.path.realpath(path)
+    if not inside_given(target):
+        raise Refused(outside(target))
+    _check_status(os.lstat(target))  # before opening: opening a device may act on it
+    return os.open(target, _FLAGS | _NO_FOLLOW)
+
+
+def open_fd(path: str, found: bool | None = None) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file at `path` (not set to block: reads of a regular file never wait), and
+    its status taken once on that descriptor (its size is what will be read). `found`: whether the path was
+    found in a folder given (None: look it up). Raises OSError: `Refused` says why a file is not read."""
+    if found is None:
+        found = found_in_folder(path)
+    if found:
+        fd = _open_found(path)
+    else:
+        _check_status(os.stat(path))  # before opening: opening a device may act on it
+        fd = os.open(path, _FLAGS)
+    try:
+        status = os.fstat(fd)  # on the descriptor: a file swapped since it was listed is caught here
+        _check_status(status)
+        # An empty file has nothing to give away: a folder of 100,000 of them is not asked where each one is.
+        if found and status.st_size and not inside_given(real := _real_place(fd, path)):
+            raise Refused(outside(real))
+        return fd, status
     except BaseException:
         os.close(fd)
         raise
+
+
+class _UpToSize(io.RawIOBase):
+    """A file's bytes up to `size`: a file still being written ends where it was when it was opened."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._file = io.FileIO(fd, "rb")
+        self.size = size
+        self._position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._file.fileno()
+
+    def readinto(self, buffer) -> int:
+        left = self.size - self._position
+        if left <= 0:
+            return 0
+        with memoryview(buffer) as view:
+            count = self._file.readinto(view[:left] if len(view) > left else view) or 0
+        self._position += count
+        return count
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        if whence == os.SEEK_END:
+            offset, whence = self.size + offset, os.SEEK_SET
+        self._position = self._file.seek(offset, whence)
+        return self._position
+
+    def tell(self) -> int:
+        return self._position
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
+class RegularFile(io.BufferedReader):
+    """A regular file opened by `open_regular`; `size` is its size when opened, and no byte past it is read."""
+
+    size: int
+
+
+def open_regular(path: str) -> RegularFile:
+    """Open a regular file for reading, up to its size now; anything else raises OSError saying what it is."""
+    fd, status = open_fd(path)
+    try:
+        if hasattr(os, "set_blocking"):  # as files are for every other reader
+            os.set_blocking(fd, True)
+        raw = _UpToSize(fd, status.st_size)  # closes the descriptor from here on
+    except BaseException:
+        os.close(fd)
+        raise
+    stream = RegularFile(raw)
+    stream.size = status.st_size
+    return stream
 
 
 class Budgeted:
@@ -185,14 +386,12 @@ def read_whole(path: str, what: str = "the file") -> tuple[bytes, bool]:
         budget = ByteBudget(what, streamed=False)
         if raw.peek(2)[:2] == GZIP_MAGIC:
             return _read_stream(Budgeted(TolerantGunzip(raw), budget))  # type: ignore[arg-type]
-        # A plain file is read in one call of its own size (one byte more shows a file still growing): reading
-        # in fixed pieces allocated and joined megabytes per file, three times the cost of the read itself.
-        size = os.fstat(raw.fileno()).st_size
-        data = raw.read(min(size, budget.limit) + 1)
+        # A plain file is read in one call of its size when opened (one byte more, when that is past the budget,
+        # shows it): reading in fixed pieces allocated and joined megabytes per file, three times the cost of
+        # the read itself. A file still growing is read as it was when opened.
+        data = raw.read(min(raw.size, budget.limit + 1))
         budget.take(len(data))
-        if len(data) <= size:
-            return data, False
-        return data + _read_stream(Budgeted(raw, budget))[0], False
+        return data, False
     finally:
         raw.close()
 
