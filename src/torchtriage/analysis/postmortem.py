@@ -76,19 +76,22 @@ def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
 
     problems: list[str] = []
     run.stacks = load_stack_inputs(found.of(*STACK_KINDS), problems)
-    gone = {rank: why for rank, why in _gone(found).items() if rank not in run.stacks}
-    assessment = assess_stacks(analyze_stacks(run.stacks, gone), files=found.files(*STACK_KINDS))
+    gone, stopped = _not_sampled(found)
+    gone = {rank: why for rank, why in gone.items() if rank not in run.stacks}
+    stopped = {rank: why for rank, why in stopped.items() if rank not in run.stacks}
+    assessment = assess_stacks(analyze_stacks(run.stacks, gone, stopped), files=found.files(*STACK_KINDS))
     assessment.problems += problems
     return assessment
 
 
-def _gone(found: RunInputs) -> dict[int, str]:
-    """The ranks a live capture's node should run that it found no process of (its `summary.json`)."""
-    from torchtriage.sources.captures import CAPTURE_SUMMARY, gone_ranks, read_capture
+def _not_sampled(found: RunInputs) -> tuple[dict[int, str], dict[int, str]]:
+    """From a live capture's `summary.json`: the ranks its node should run that it found no process of, and the
+    ranks it found stopped (rank -> why, each)."""
+    from torchtriage.sources.captures import CAPTURE_SUMMARY, gone_ranks, read_capture, stopped_ranks
 
     summaries = [i.path for i in found.of(SourceKind.TORCHTRIAGE_OUTPUT) if Path(i.path).name == CAPTURE_SUMMARY]
     captures = [c for c in map(read_capture, summaries) if c is not None]
-    return gone_ranks(captures)
+    return gone_ranks(captures), stopped_ranks(captures)
 
 
 _POOL_FROM = 256  # dumps

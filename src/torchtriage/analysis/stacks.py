@@ -15,13 +15,14 @@ after the collective, not the collective itself. That state, `gpu_wait`, counts 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import BACKWARD_OP, P2P_OPS, classify_frames, describe, position_of
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
+from torchtriage.sources.captures import StoppedProcess
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack
 
 # The states, under the names the analysis has always used.
@@ -130,15 +131,25 @@ def _groups_text(groups: list[StackGroup]) -> str:
     return "; ".join(g.describe() for g in groups)
 
 
-def analyze_stacks(dumps: Mapping[int, ProcessStack], gone: Mapping[int, str] | None = None) -> StackAnalysis:
-    """Findings from every rank's stack: `not_in_collective`, `different_collective`, `stack_groups`, and
-    `rank_gone` for the ranks of the captured nodes that have no process (`gone`: rank -> why)."""
-    return analyze_positions(positions(dumps), gone)
+def analyze_stacks(
+    dumps: Mapping[int, ProcessStack],
+    gone: Mapping[int, str] | None = None,
+    stopped: Mapping[int, StoppedProcess] | None = None,
+) -> StackAnalysis:
+    """Findings from every rank's stack: `not_in_collective`, `different_collective`, `stack_groups`, `rank_gone`
+    for the ranks of the captured nodes that have no process (`gone`: rank -> why), and `rank_stopped` for the
+    ranks a capture found stopped and could not sample (`stopped`: rank -> its process)."""
+    return analyze_positions(positions(dumps), gone, stopped)
 
 
-def analyze_positions(found: Mapping[int, RankPosition], gone: Mapping[int, str] | None = None) -> StackAnalysis:
+def analyze_positions(
+    found: Mapping[int, RankPosition],
+    gone: Mapping[int, str] | None = None,
+    stopped: Mapping[int, StoppedProcess] | None = None,
+) -> StackAnalysis:
     found = dict(sorted(found.items()))
     gone = dict(sorted((gone or {}).items()))
+    stopped = dict(sorted((stopped or {}).items()))
     groups = group_positions(found)
     waiting = [g for g in groups if g.position.waiting]
     in_store = [g for g in groups if g.position.state == STORE]
@@ -155,6 +166,11 @@ def analyze_positions(found: Mapping[int, RankPosition], gone: Mapping[int, str]
         culprits = sorted(gone)
         confidence = "high" if waiting_ranks and not elsewhere else "medium"
         findings.append(_gone_finding(gone, waiting + in_store, elsewhere))
+    elif stopped and waiting_ranks:
+        # A stopped rank runs nothing: the others' wait cannot end before it is resumed. Its state is a fact read
+        # from /proc, but that it is the one they wait for is inferred: medium, unless another source agrees.
+        culprits, confidence = sorted(stopped), "medium"
+        findings.append(_stopped_finding(stopped, waiting + in_store, elsewhere, blames=True))
     elif waiting_ranks and elsewhere and len(elsewhere_ranks) <= len(waiting_ranks):
         # The ranks the others wait for are not in any collective.
         culprits = elsewhere_ranks
@@ -200,8 +216,41 @@ def analyze_positions(found: Mapping[int, RankPosition], gone: Mapping[int, str]
             findings.append(_disagreement(waiting, decided=True, culprits=culprits))
         else:
             findings.append(_disagreement(waiting, decided=False))
-    findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks))
+    if stopped and not any(f.kind == _STOPPED for f in findings):
+        findings.append(_stopped_finding(stopped, waiting + in_store, elsewhere, blames=False))
+    findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks, unsampled=sorted({*gone, *stopped})))
     return StackAnalysis(found, groups, findings, culprits, confidence)
+
+
+_STOPPED = "stacks.rank_stopped"
+
+
+def _stopped_finding(
+    stopped: Mapping[int, StoppedProcess], waiting: list[StackGroup], elsewhere: list[StackGroup], blames: bool
+) -> Finding:
+    """The ranks a capture found stopped: the culprits when the others wait for a peer, else a fact to know."""
+    ranks = sorted(stopped)
+    pids = ", ".join(f"pid {stopped[rank].pid} on {stopped[rank].host}" for rank in ranks[:8])
+    states = "/".join(sorted({process.state for process in stopped.values()}))
+    verb = "is" if len(ranks) == 1 else "are"
+    message = (
+        f"{format_ranks(ranks)} ({pids}) {verb} stopped (SIGSTOP/SIGTSTP or a debugger: state {states} in /proc); "
+        "a stopped rank stops every rank that waits for it"
+    )
+    if waiting:
+        message += f": {_groups_text(waiting)}"
+    if elsewhere:
+        message += f"; in no collective: {_groups_text(elsewhere)}"
+    return Finding(
+        _STOPPED,
+        ranks,
+        message,
+        role="primary" if blames else "symptom",
+        category="hang",
+        evidence=_group_evidence(waiting)[:2],
+        facts={"stopped": {str(rank): str(what) for rank, what in stopped.items()}, "pid": stopped[ranks[0]].pid},
+        blames=blames,
+    )
 
 
 def _gone_finding(gone: Mapping[int, str], waiting: list[StackGroup], elsewhere: list[StackGroup]) -> Finding:
@@ -414,7 +463,11 @@ def _disagreement(waiting: list[StackGroup], decided: bool, culprits: list[int] 
 
 
 def _stack_groups(
-    groups: list[StackGroup], found: Mapping[int, RankPosition], waiting: list[int], elsewhere: list[int]
+    groups: list[StackGroup],
+    found: Mapping[int, RankPosition],
+    waiting: list[int],
+    elsewhere: list[int],
+    unsampled: Sequence[int] = (),
 ) -> Finding:
     facts: dict = {}
     if not found:
@@ -427,6 +480,11 @@ def _stack_groups(
             "dump again in a few seconds to see who stays put"
         )
         facts["moving"] = True
+    elif len(groups) == 1 and waiting and unsampled:
+        # The ranks that could not be sampled (gone, stopped) are where the others' wait is explained.
+        message = (
+            f"Every rank sampled is at the same place: {_groups_text(groups)}; not sampled: {format_ranks(unsampled)}"
+        )
     elif len(groups) == 1:
         message = (
             f"All ranks are at the same place: {_groups_text(groups)}; the stacks cannot tell which rank is "

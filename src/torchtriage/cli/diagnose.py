@@ -65,7 +65,14 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--out", metavar="DIR", help="live: where the captured stacks go")
     parser.add_argument("--native", action="store_true", help="live: include native frames (slower)")
-    parser.add_argument("--timeout", type=SECONDS, default=10.0, metavar="S", help="live: per-rank py-spy timeout")
+    parser.add_argument(
+        "--timeout",
+        type=SECONDS,
+        default=10.0,
+        metavar="S",
+        help="live: per-rank py-spy timeout; with --store, what the store may take and then every rank's answers "
+        "(one deadline for all of them)",
+    )
     add_json(parser)
     parser.add_argument(
         "--write-verdict",

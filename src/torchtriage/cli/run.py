@@ -8,11 +8,15 @@ Runs any launcher (torchrun, `python -m torch.distributed.run`, srun, mpirun ...
 - with --monitor, the step monitor in every rank (DIR/monitor: step timings per window, the straggler);
 - with --debug-server, PyTorch's debug-server worker in every rank (for `diagnose --store`).
 The child's output passes through untouched and its exit code is returned.
+
+DIR is made private (0700: the ranks' stacks show the values they hold), and checked writable before the job
+starts: a folder the ranks cannot write to would lose the evidence of the very hang it is there for.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import shutil
 import signal
@@ -35,6 +39,9 @@ from torchtriage.protocol import (
     STALL_SECONDS_ENV,
     VERDICT_STEM,
     hang_dir,
+    make_private_folders,
+    open_private,
+    open_to_others,
 )
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "inject"
@@ -126,10 +133,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("give the launcher after --, e.g. torchtriage run -- torchrun --nproc_per_node 8 train.py")
     out_dir = Path(args.out or f"torchtriage-run-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
+        make_private_folders(out_dir)  # a folder that exists is the user's: left as it is
     except OSError as err:
         what = "a file, not a folder" if out_dir.exists() else (err.strerror or str(err))
         raise UsageError(f"--out {out_dir}: {what}; give a folder for the diagnostics.") from None
+    check_writable(out_dir)
+    exposed = open_to_others(out_dir)
+    if exposed is not None:
+        print(
+            f"torchtriage run: {out_dir} is readable by other users ({exposed}); what the ranks write there (their "
+            "stacks, flight-recorder dumps) may be too: `chmod 700` it, or give a private folder",
+            file=sys.stderr,
+        )
     if args.monitor_window < 2:
         raise UsageError(f"--monitor-window {args.monitor_window}: a window needs at least 2 steps")
     window = args.monitor_window if args.monitor else None
@@ -148,6 +163,40 @@ def run(args: argparse.Namespace) -> int:
     if verdict.exists():
         print(f"torchtriage run: a stall was diagnosed: {verdict}", file=sys.stderr)
     return code if code >= 0 else 128 - code
+
+
+# One block of data: a full file system refuses it where an empty file would still be made.
+_PROBE_BYTES = 4096
+_WHY_NOT_WRITABLE = {
+    errno.EROFS: "is on a read-only file system",
+    errno.EACCES: "is not writable by this user",
+    errno.EPERM: "is not writable by this user",
+    errno.ENOSPC: "has no space left",
+    errno.EDQUOT: "is over your disk quota",
+}
+
+
+def check_writable(folder: Path) -> None:
+    """Write and remove a probe file in `folder`, before the job starts: EnvironmentProblem (exit 4) with the
+    reason when it cannot be written (read-only, not ours, full)."""
+    probe = folder / f".torchtriage-probe-{os.getpid()}"
+    try:
+        if os.path.lexists(probe):  # left by an earlier run with this pid that was killed meanwhile
+            probe.unlink()
+        try:
+            with os.fdopen(open_private(probe), "wb") as file:
+                file.write(b"\0" * _PROBE_BYTES)
+                file.flush()
+                os.fsync(file.fileno())  # where space is only claimed on the way to the disk (network file systems)
+        finally:
+            if os.path.lexists(probe):
+                probe.unlink()
+    except OSError as err:
+        why = _WHY_NOT_WRITABLE.get(err.errno, f"cannot be written ({err.strerror or err})")
+        raise EnvironmentProblem(
+            f"--out {folder} {why}: the ranks could not leave their stacks, flight-recorder dumps or verdict there. "
+            "Give a folder you can write with room to spare (--out DIR); the job was not started."
+        ) from None
 
 
 # What a scheduler or a user sends to stop or poke a job. Kubernetes and many schedulers signal only the

@@ -6,8 +6,16 @@
         summary.json                      (one entry per process: rank, pid, host, cmdline, ok, error, files)
 
 The folder name carries the host, so the folders of every node of a job can be gathered in one shared
-directory (`--out`) without clashing. The default `--out` is node-local ($TMPDIR/torchtriage), so a
-capture can never itself hang on a stuck shared file system.
+directory (`--out`) without clashing. The default `--out` is node-local and the user's own
+($TMPDIR/torchtriage-<uid>), so a capture can never itself hang on a stuck shared file system.
+
+A capture is private: every folder it makes is 0700 and every file 0600, whatever the umask, since py-spy's
+--locals show the values a rank holds (a token read from the environment). A folder the user names with --out
+is left as it is, and said when other users can read it.
+
+A rank that is stopped (state T or t in /proc: SIGSTOP, Ctrl-Z, a debugger) is not sampled: py-spy cannot pause
+what is stopped already, and nothing here resumes it (a debugger may hold it on purpose). Its summary entry says
+so (`"state": "T"`), and `diagnose` names it.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import json
 import os
 import re
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Sequence
@@ -23,11 +32,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchtriage import __version__
-from torchtriage.collect.discovery import RankProcess, find_ranks, looks_like_python
+from torchtriage.collect.discovery import RankProcess, find_ranks, looks_like_python, parse_stat
 from torchtriage.collect.preflight import FIX_CAPABILITY, Preflight, check_ptrace
 from torchtriage.collect.pyspy import ConcurrentRunner, Step, StepResult, find_py_spy, py_spy_version
 from torchtriage.errors import EnvironmentProblem
+from torchtriage.protocol import make_private_folders, new_private_folder, open_to_others, write_private
 from torchtriage.sources.captures import CAPTURE_SUMMARY as SUMMARY_FILE
+from torchtriage.sources.captures import STOPPED_STATES
 
 SUMMARY_SCHEMA = 1
 DEFAULT_DUMP_TIMEOUT_S = 10.0
@@ -36,7 +47,26 @@ RECORD_SLACK_S = 30.0
 
 
 def default_out_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "torchtriage"
+    """Node-local and the user's own: one folder for every user of the node would be readable by them, and
+    whoever made it first would own it."""
+    return Path(tempfile.gettempdir()) / f"torchtriage-{os.getuid()}"
+
+
+def _check_default_folder(folder: Path) -> None:
+    """The default folder, when it exists, must be a folder of this user's (its name is known to every user of
+    the node, who could make it first, or put a symlink there)."""
+    try:
+        info = os.lstat(folder)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        what = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a folder"
+        raise EnvironmentProblem(f"{folder} is {what}; remove it, or choose another folder with --out.")
+    if info.st_uid != os.getuid():
+        raise EnvironmentProblem(
+            f"{folder} belongs to uid {info.st_uid}, not to you (uid {os.getuid()}); remove it, or choose another "
+            "folder with --out."
+        )
 
 
 @dataclass
@@ -117,14 +147,17 @@ def file_stems(targets: Sequence[RankProcess]) -> dict[int, str]:
 
 
 def make_folder(out: Path, host: str, now: float | None = None) -> Path:
+    """A new private folder `<out>/<host>-<time>` (and `out`, private too, when it does not exist)."""
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
     base = f"{re.sub(r'[^A-Za-z0-9._-]', '_', host)}-{stamp}"
+    if out == default_out_dir():
+        _check_default_folder(out)
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        make_private_folders(out)
         for n in range(1, 1000):
             folder = out / (base if n == 1 else f"{base}-{n}")
             try:
-                folder.mkdir()
+                new_private_folder(folder)
                 return folder
             except FileExistsError:
                 continue
@@ -133,6 +166,42 @@ def make_folder(out: Path, host: str, now: float | None = None) -> Path:
             f"cannot create the output folder in {out}: {err.strerror}; choose another with --out."
         ) from err
     raise EnvironmentProblem(f"too many captures named {base} in {out}; choose another --out.")
+
+
+def exposure_warning(out: Path) -> list[str]:
+    """A warning when other users can read the folder the capture was made in."""
+    exposed = open_to_others(out)
+    if exposed is None:
+        return []
+    return [
+        f"{out} is readable by other users ({exposed}): the capture in it is private (its folder 0700, files "
+        "0600); keep copies of it private too (py-spy's locals may hold secrets)"
+    ]
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of a process from /proc/<pid>/stat; None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            return parse_stat(file.read())[0]
+    except (OSError, ValueError):
+        return None
+
+
+def stopped_targets(targets: Sequence[RankProcess]) -> dict[int, str]:
+    """pid -> state, of the targets that are stopped: no py-spy is attached to them."""
+    states = {t.pid: process_state(t.pid) for t in targets}
+    return {pid: state for pid, state in states.items() if state in STOPPED_STATES}
+
+
+def not_sampled(target: RankProcess, state: str) -> ProcessCapture:
+    """A stopped target: said, never sampled, never resumed."""
+    reason = (
+        f"is stopped (SIGSTOP/SIGTSTP or a debugger: state {state} in /proc); a stopped rank stops every rank "
+        f"that waits for it. Not sampled and left as it is: `grep -E 'State|TracerPid' /proc/{target.pid}/status` "
+        f"names a debugger holding it; else `kill -CONT {target.pid}` resumes it"
+    )
+    return ProcessCapture(target, False, f"{describe(target)} {reason}", [], {"state": state})
 
 
 def describe(target: RankProcess) -> str:
@@ -186,7 +255,7 @@ def _finish(result: CaptureResult, report_warnings: list[str]) -> CaptureResult:
     result.warnings += report_warnings
     result.warnings += [f"{describe(t)}: {t.note}" for t in (p.target for p in result.processes) if t.note]
     tmp = result.summary_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    write_private(tmp, json.dumps(result.to_json(), indent=2) + "\n")
     tmp.replace(result.summary_path)
     return result
 
@@ -207,8 +276,10 @@ def capture_stacks(
     folder = make_folder(out or default_out_dir(), host, started)
     stems = file_stems(targets)
     extra = ["--native"] if native else []
+    stopped = stopped_targets(targets)
+    sampled = [t for t in targets if t.pid not in stopped]
     lanes = []
-    for t in targets:
+    for t in sampled:
         base = [py_spy, "dump", "--pid", str(t.pid), *extra]
         stem = folder / stems[t.pid]
         lanes.append(
@@ -218,8 +289,9 @@ def capture_stacks(
                 Step((*base, "--json", "--locals"), timeout_s, stdout_path=stem.with_suffix(".json")),
             ]
         )
-    report = ConcurrentRunner(graceful_stop=False).run(lanes, [t.pid for t in targets])
-    processes = [_merge(t, res, folder) for t, res in zip(targets, report.results, strict=True)]
+    report = ConcurrentRunner(graceful_stop=False).run(lanes, [t.pid for t in sampled])
+    merged = {t.pid: _merge(t, res, folder) for t, res in zip(sampled, report.results, strict=True)}
+    processes = [merged[t.pid] if t.pid in merged else not_sampled(t, stopped[t.pid]) for t in targets]
     left_stopped = list(report.left_stopped)
     if not native:
         left_stopped += _native_where_unclear(py_spy, folder, stems, processes, timeout_s)
@@ -235,7 +307,7 @@ def capture_stacks(
         processes=processes,
         interrupted=report.interrupted,
     )
-    return _finish(result, left_stopped)
+    return _finish(result, left_stopped + (exposure_warning(out) if out is not None else []))
 
 
 def _unclear_places(folder: Path, processes: Sequence[ProcessCapture]) -> dict[tuple, ProcessCapture]:
@@ -317,17 +389,22 @@ def record_profiles(
     folder = make_folder(out or default_out_dir(), host, started)
     stems = file_stems(targets)
     extra = (["--native"] if native else []) + (["--idle"] if idle else []) + (["--nonblocking"] if nonblocking else [])
+    stopped = stopped_targets(targets)
+    sampled = [t for t in targets if t.pid not in stopped]
     lanes, owners = [], []
-    for t in targets:
+    for t in sampled:
         for fmt, suffix in (("flamegraph", ".svg"), ("speedscope", ".speedscope.json")):
             path = folder / f"{stems[t.pid]}{suffix}"
             argv = (py_spy, "record", "--pid", str(t.pid), "--duration", str(duration_s), "--rate", str(rate))
             argv += ("--format", fmt, "--output", str(path), *extra)
             lanes.append([Step(argv, duration_s + timeout_s, output_paths=(path,))])
             owners.append(t)
-    report = ConcurrentRunner(graceful_stop=True).run(lanes, [t.pid for t in targets])
+    report = ConcurrentRunner(graceful_stop=True).run(lanes, [t.pid for t in sampled])
     processes = []
     for t in targets:
+        if t.pid in stopped:
+            processes.append(not_sampled(t, stopped[t.pid]))
+            continue
         results = [res for owner, lane in zip(owners, report.results, strict=True) if owner is t for res in lane]
         capture = _merge(t, results, folder)
         counts = [_SAMPLES.search(r.stdout + r.stderr) for r in results]
@@ -356,4 +433,4 @@ def record_profiles(
         processes=processes,
         interrupted=report.interrupted,
     )
-    return _finish(result, report.left_stopped)
+    return _finish(result, report.left_stopped + (exposure_warning(out) if out is not None else []))

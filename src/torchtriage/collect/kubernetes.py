@@ -5,7 +5,8 @@
     kubectl exec POD [-n NS] [-c CONTAINER] -- sh -c 'torchtriage dump --out D >&2; tar -C D/<host>-<time> -cf - .'
 
 Each pod's folder lands in OUT/<pod>/. The archive is read as data: regular files and folders only, names
-inside the pod's folder, bounded in size; anything else is refused and said.
+inside the pod's folder, bounded in size; anything else is refused and said. What lands is private, as any
+capture (folders 0700, files 0600), whatever modes the archive gives.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from torchtriage.errors import EnvironmentProblem, UsageError
+from torchtriage.protocol import make_private_folders, write_private
 
 _POD_FOLDER = "/tmp/torchtriage-pod-capture"
 _MAX_ARCHIVE = 512 << 20  # one pod's stacks are a few MB
@@ -60,15 +62,23 @@ def _extract(archive: bytes, into: Path) -> list[str]:
             if name.is_absolute() or ".." in name.parts or not (member.isfile() or member.isdir()):
                 refused.append(member.name)
                 continue
-            target = into / name
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            source = tar.extractfile(member)
-            if source is not None:
-                target.write_bytes(source.read())
+            try:
+                _extract_member(tar, member, into / name)
+            except OSError:  # a file where the archive has a folder, or the reverse
+                refused.append(member.name)
     return refused
+
+
+def _extract_member(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> None:
+    if member.isdir():
+        make_private_folders(target)
+        return
+    make_private_folders(target.parent)
+    source = tar.extractfile(member)
+    if source is not None:
+        if os.path.lexists(target):  # a name the archive repeats: its last member stands, as with tar
+            target.unlink()
+        write_private(target, source.read())
 
 
 def _capture_pod(pod: str, namespace: str | None, container: str | None, dump_args: list[str], folder: Path,
@@ -100,7 +110,7 @@ def capture_every_pod(
     if not selector.strip():
         raise UsageError("--pods: give a label selector, e.g. --pods training.kubeflow.org/job-name=myjob")
     pods = list_pods(selector, namespace)
-    out.mkdir(parents=True, exist_ok=True)
+    make_private_folders(out)
     args = ["--timeout", f"{timeout_s:g}"]
     with ThreadPoolExecutor(min(64, len(pods))) as pool:
         problems = list(pool.map(lambda p: _capture_pod(p, namespace, container, args, out, 2 * timeout_s), pods))

@@ -79,10 +79,13 @@ def diagnose_live(
     capture = capture_stacks(pids, out, native=native, timeout_s=timeout_s)
     captured = [p.target.pid for p in capture.processes]
     armed = armed_run_dir(captured)
-    fresh = request_fresh_dumps(armed, len(captured)) if armed is not None else None
-    failures = [f"rank {p.target.rank} (pid {p.target.pid}): {p.error}" for p in capture.failures]
+    answering = [p for p in capture.processes if "state" not in p.details]  # a stopped rank answers nothing
+    fresh = request_fresh_dumps(armed, len(answering)) if armed is not None else None
+    # Each error names its rank and pid; the warnings say what a user must know (a rank left stopped, a capture
+    # folder other users can read).
+    problems = [p.error or "failed" for p in capture.failures] + capture.warnings
     return _verdict_of_capture(
-        capture.folder, failures, extra_paths, logs, more_paths=[str(fresh)] if fresh is not None else []
+        capture.folder, problems, extra_paths, logs, more_paths=[str(fresh)] if fresh is not None else []
     )
 
 
@@ -103,11 +106,13 @@ def diagnose_from_store(
 
     folder = make_folder(out or default_out_dir(), f"store-{socket.gethostname()}")
     collected = collect(address, folder, world_size, timeout_s)
-    if not collected.answered:
-        from torchtriage.errors import EnvironmentProblem
+    if not collected.kept:
+        from torchtriage.errors import EnvironmentProblem, InputError
 
         reasons = "\n  ".join(collected.problems) or "no rank answered"
-        raise EnvironmentProblem(f"no rank's debug server answered:\n  {reasons}")
+        if not collected.answered:
+            raise EnvironmentProblem(f"no rank's debug server answered:\n  {reasons}")
+        raise InputError(f"no rank's answer could be read:\n  {reasons}")  # every one cut or refused
     answers = [a for a in (assess_answers(collected),) if a is not None]
     verdict = _verdict_of_capture(folder, collected.problems, extra_paths, logs, collected=answers)
     verdict.facts["debug_server"] = verdict.facts.get("debug_server", {}) | {

@@ -11,6 +11,9 @@ for; `record` is first asked with SIGINT, on which py-spy stops sampling, detach
 has, and is killed if it has not exited within a grace period. Killing a py-spy detaches it (the kernel
 detaches a dead tracer's tracees); the runner then checks each target's /proc status and reports any
 rank left stopped or traced, with the command to resume it. No signal is ever sent to a training rank.
+
+What py-spy writes is private: its standard output goes to a new 0600 file, and it runs with umask 077, so the
+files it writes itself (`record -o`) are 0600 too (they hold the rank's stacks, and with --locals its values).
 """
 
 from __future__ import annotations
@@ -27,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchtriage.errors import EnvironmentProblem
+from torchtriage.protocol import open_private
 
 PY_SPY_ENV = "TORCHTRIAGE_PY_SPY"  # an explicit path to the py-spy binary, checked first
 # How long `record`'s py-spy gets to write its files after SIGINT before it is killed.
 RECORD_STOP_GRACE_S = 5.0
+PRIVATE_UMASK = 0o077  # py-spy's own files: readable by their owner only
 
 
 def install_hint() -> str:
@@ -137,7 +142,7 @@ class ConcurrentRunner:
     def _run_step(self, step: Step, result: StepResult) -> None:
         out = None
         try:
-            out = open(step.stdout_path, "wb") if step.stdout_path else subprocess.PIPE
+            out = os.fdopen(open_private(step.stdout_path), "wb") if step.stdout_path else subprocess.PIPE
             with self._lock:
                 if self._cancelled.is_set():
                     result.error = "interrupted before py-spy ran"
@@ -149,6 +154,7 @@ class ConcurrentRunner:
                     stderr=subprocess.PIPE,
                     env=self.env,
                     start_new_session=True,
+                    umask=PRIVATE_UMASK,
                 )
                 self._live.add(proc)
             result.py_spy_pid = proc.pid

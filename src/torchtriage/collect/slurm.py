@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from torchtriage.errors import EnvironmentProblem, UsageError
+from torchtriage.protocol import make_private_folders, open_to_others
 
 _STEP_SLACK_S = 60.0  # past the per-rank timeouts, for srun to place the step and the nodes to start Python
 
@@ -71,10 +72,16 @@ def on_every_node(jobid: str, verb_args: list[str], out: Path | None, step_s: fl
     problems. Raises EnvironmentProblem when no node wrote anything there."""
     folder = out.resolve() if out is not None else default_folder(jobid)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
+        make_private_folders(folder)  # private when made here; each node's folder in it is private too
     except OSError as err:
         raise UsageError(f"--out {folder}: {err.strerror or err}; give a folder every node can write") from None
     problems = run_step(jobid, [*verb_args, "--out", str(folder)], step_s)
+    exposed = open_to_others(folder)
+    if exposed is not None:
+        problems.append(
+            f"{folder} is readable by other users ({exposed}): each node's capture in it is private (0700, files "
+            "0600); keep copies of it private too (py-spy's locals may hold secrets)"
+        )
     if not any(folder.iterdir()):
         reasons = "; ".join(problems) or "no node wrote anything"
         raise EnvironmentProblem(

@@ -4,11 +4,14 @@ The capture lists every rank process it found (rank, local rank, pid, host) with
 each process's environment (WORLD_SIZE, LOCAL_WORLD_SIZE). A launcher numbers a node's ranks in one block
 (torchrun: the node's first rank plus LOCAL_RANK), so the ranks the node should run are that block: a rank of
 the block with no process has died or exited. Ranks of other nodes were never looked for, and are not gone.
+
+A process the capture found stopped (state T or t in /proc) has `"state"` in its entry: it was not sampled, and
+its peers wait for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torchtriage.sources import limits
 from torchtriage.sources.fields import as_int, strict_json
@@ -16,6 +19,8 @@ from torchtriage.sources.streams import read_whole
 
 CAPTURE_SCHEMA = "torchtriage.dump"
 CAPTURE_SUMMARY = "summary.json"  # what collect.capture writes
+# /proc/<pid>/stat states of a stopped process (fs/proc/array.c): T stopped by a signal, t by a tracer.
+STOPPED_STATES = ("T", "t")
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,7 @@ class NodeCapture:
     pids: dict[int, int]  # rank -> pid, of the processes found
     expected: frozenset[int]  # the ranks the launcher started on this node, as far as the counts say
     world_size: int | None
+    stopped: dict[int, str] = field(default_factory=dict)  # rank -> its state (T or t), of the stopped processes
 
 
 def read_capture(path: str) -> NodeCapture | None:
@@ -38,18 +44,20 @@ def read_capture(path: str) -> NodeCapture | None:
         return None
     processes = [p for p in summary.get("processes") or [] if isinstance(p, dict)]
     top = limits.active().rank  # a crafted count must not make a block of a billion ranks
-    pids, bases, local_sizes, world = {}, set(), set(), None
+    pids, bases, local_sizes, world, stopped = {}, set(), set(), None, {}
     for process in processes:
         rank, local = as_int(process.get("rank"), None, 0, top), as_int(process.get("local_rank"), None, 0, top)
         if rank is None:
             continue
         pids[rank] = as_int(process.get("pid"), -1)
+        if process.get("state") in STOPPED_STATES:
+            stopped[rank] = process["state"]
         if local is not None and local <= rank:
             bases.add(rank - local)
         local_sizes.add(as_int(process.get("local_world_size"), None, 1, top + 1))
         world = as_int(process.get("world_size"), None, 1, top + 1) or world
     host = str(summary.get("host") or "this node")
-    return NodeCapture(path, host, pids, _expected(pids, bases, local_sizes), world)
+    return NodeCapture(path, host, pids, _expected(pids, bases, local_sizes), world, stopped)
 
 
 def _expected(pids: dict[int, int], bases: set[int], local_sizes: set[int | None]) -> frozenset[int]:
@@ -71,6 +79,27 @@ def gone_ranks(captures: list[NodeCapture]) -> dict[int, str]:
         for rank in sorted(capture.expected - found):
             gone[rank] = f"no process on {capture.host}, which runs ranks {_span(capture.expected)}"
     return gone
+
+
+@dataclass(frozen=True)
+class StoppedProcess:
+    """A rank's process that a capture found stopped."""
+
+    pid: int
+    host: str
+    state: str  # T or t
+
+    def __str__(self) -> str:
+        return f"pid {self.pid} on {self.host}, state {self.state}"
+
+
+def stopped_ranks(captures: list[NodeCapture]) -> dict[int, StoppedProcess]:
+    """Rank -> its process, for the ranks a capture found stopped."""
+    return {
+        rank: StoppedProcess(capture.pids[rank], capture.host, state)
+        for capture in captures
+        for rank, state in sorted(capture.stopped.items())
+    }
 
 
 def _span(ranks: frozenset[int]) -> str:
