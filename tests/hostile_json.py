@@ -1,8 +1,8 @@
 """Hostile JSON generated from a grammar: genuine recorded JSON with one value replaced by an attack.
 
 A case is drawn from a seed: a genuine artifact (a profiler trace, a py-spy JSON dump, an NVML dump, a JSON
-flight-recorder dump, all recorded from real jobs), one of its values (any path in its tree) and a fragment
-of JSON text in its place:
+flight-recorder dump, all recorded from real jobs, or a parallel layout's config), one of its values (any path
+in its tree) and a fragment of JSON text in its place:
 
 - deep:      arrays or objects nested up to a million deep;
 - numbers:   integers of thousands to a million digits, 1e999, NaN, Infinity, -0, 2^64;
@@ -33,6 +33,7 @@ SOURCES = {
     "pyspy": HERE / "fixtures/stacks/barrier/rank00.json",
     "nvml": HERE / "fixtures/nvlink/h200x2_live/nvlink.json",
     "fr_json": HERE / "fixtures/fr/size_json_4r/fr_dump_json_rank_0",
+    "layout": HERE / "fixtures/layouts/moe_megatron.json",  # a parallel layout as `check-layout --config` reads
 }
 MARK = "\u0000hostile-value\u0000"
 FAMILIES = ("deep", "numbers", "text", "confusion", "duplicate", "truncation")
@@ -125,6 +126,7 @@ def outcome(case: Case, folder: Path) -> tuple[bool, str]:
         "pyspy": "rank00.json",
         "nvml": "nvlink.json",
         "fr_json": "fr_dump_json_rank_0",
+        "layout": "layout.json",
     }
     path = folder / names[case.target]
     path.write_bytes(case.data)
@@ -155,6 +157,14 @@ def _read(target: str, path: Path) -> str:
 
         parse_nvml_dump(load_nvml_json(path.read_text(errors="surrogateescape"), str(path)))
         return "read"
+    if target == "layout":
+        from torchtriage.analysis.layout import Layout, check_layout, layout_fields_from_config, parse_config_text
+        from torchtriage.sources.streams import read_text
+
+        fields = layout_fields_from_config(parse_config_text(read_text(str(path), "the config"), str(path)), "x")
+        if {"world_size", "gpus_per_node"} <= set(fields):
+            return "accepted" if check_layout(Layout(**fields)).accepted else "rejected"
+        return "read (not a whole layout)"
     from torchtriage.sources.flight_recorder import load_dump_files
 
     loaded = load_dump_files([str(path)], jobs=1, isolate=False)  # JSON: no C unpickler to isolate
