@@ -7,6 +7,7 @@ each worker's own process group (torchrun starts every worker in a session of it
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,16 @@ LAUNCHER_VARIABLES = (
     "MASTER_ADDR",
     "MASTER_PORT",
 )
+
+
+# Ranks print their READY lines at once into one pipe: two can land on one line ("READY rank=0 pid=7READY rank=2
+# pid=9"), since print writes the text and the newline apart.
+_READY = re.compile(r"READY rank=(\d+) pid=(\d+)")
+
+
+def ready_lines(line: str) -> dict[int, int]:
+    """rank -> pid of every READY in `line`."""
+    return {int(rank): int(pid) for rank, pid in _READY.findall(line)}
 
 
 def clean_environment(**extra: str) -> dict[str, str]:
@@ -76,9 +87,9 @@ class HungJob:
         def read():
             for line in self.proc.stdout:
                 self.output.append(line)
-                if line.startswith("READY "):
-                    fields = dict(part.split("=") for part in line.split()[1:])
-                    self.ready[int(fields["rank"])] = int(fields["pid"])
+                found = ready_lines(line)
+                if found:
+                    self.ready.update(found)
                     if len(self.ready) == ranks:
                         all_ready.set()
 

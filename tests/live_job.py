@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from hung_job import clean_environment  # noqa: E402
+from hung_job import clean_environment, ready_lines  # noqa: E402
 
 
 def _stat(pid: int) -> list[str] | None:
@@ -95,9 +95,9 @@ class Job:
             self.lines.append(line)
             self._file.write(line)
             self._file.flush()
-            if "READY rank=" in line:
-                fields = dict(p.split("=", 1) for p in line.split("READY", 1)[1].split() if "=" in p)
-                self.ready[int(fields["rank"])] = int(fields["pid"])
+            found = ready_lines(line)
+            if found:
+                self.ready.update(found)
                 self.remember()
                 if len(self.ready) == self.ranks:
                     self.all_ready.set()

@@ -1,6 +1,6 @@
 """Hostile JSON from the grammar of tests/hostile_json.py, read by the real readers (profiler traces, py-spy
-JSON dumps, NVML dumps, JSON flight-recorder dumps, layout configs): every case ends in records or the reader's own error
-that says what is wrong, never another exception, within the time bound.
+JSON dumps, NVML dumps, JSON flight-recorder dumps, layout configs): every case ends in records or the reader's
+own error that says what is wrong, never another exception, within the time bound.
 
 TORCHTRIAGE_HOSTILE_JSON_CASES seeds (default 2000, under a minute); the long run:
 `python tests/hostile_json.py --count 100000`.

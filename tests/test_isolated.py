@@ -45,7 +45,8 @@ def test_an_item_past_its_time_is_stopped_and_the_child_killed():
     with limits.using(limits.parse_limit("seconds=1")):
         found = map_isolated(_read, ["a", "spin", "b"], jobs=1)
     assert found[0].startswith("read a") and found[2].startswith("read b")
-    assert found[1] == Stopped("over 1 s", "seconds")
+    # The CPU limit (1 s and the kernel's slack) or the wall-clock deadline (three times the limit) stops it.
+    assert found[1] in (Stopped("over 1 s of CPU", "seconds"), Stopped("over 3 s", "seconds")), found[1]
     assert time.monotonic() - start < 20
 
 

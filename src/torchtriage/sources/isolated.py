@@ -4,8 +4,10 @@ A crafted pickle can crash the C unpickler (a dict key nested a million deep is 
 stack overflows: SIGSEGV), make it work for hours (shared references hashed or walked as a tree) or fill
 memory. No check written in Python can run before the C code that crashes, so the reading itself happens
 in a forked child under three bounds: an address-space limit (`RLIMIT_AS`: the child's size at fork plus
-the policy's `memory`), a CPU-time limit (`RLIMIT_CPU`, reset per file) and a wall-clock deadline the
-parent keeps (the policy's `seconds`, plus time for the file's size where the caller gives it). A file
+the policy's `memory`), a CPU-time limit (`RLIMIT_CPU`, reset per file: the policy's `seconds`, plus time for
+the file's size where the caller gives it) and a wall-clock deadline the parent keeps, three times as long:
+a crafted file costs CPU, while a genuine one on a loaded machine waits for a core, and must not be refused
+for it. A file
 whose reader died of a signal, passed its memory or ran out of time becomes a `Stopped` result for that
 file only; the other files are read on (by fresh children where a child died), and results come back as
 plain records, pickled by our own child.
@@ -155,6 +157,11 @@ def _bound_this_process(memory: int) -> None:
         pass
 
 
+# The wall-clock deadline against the CPU limit: the CPU limit is what stops a crafted file's work; the wall
+# clock only catches a child that stopped running at all, and leaves a loaded machine room to share its cores.
+WALL_FACTOR = 3
+
+
 def _cpu_bound(seconds: float) -> None:
     """This item may use `seconds` of CPU from now: past it, SIGXCPU ends the child."""
     import resource
@@ -257,7 +264,7 @@ class _Pool:
 
     def _deadline(self, child: _Child) -> float:
         extra = self.seconds_for(self.items[self.todo[child.current]]) if self.seconds_for else 0.0
-        return child.since + self.policy.seconds + extra
+        return child.since + WALL_FACTOR * (self.policy.seconds + extra)
 
     def collect(self) -> dict[int, Any]:
         """Read every child to its end; the items each one stopped on are `Stopped`. Keyed by item index."""
