@@ -16,6 +16,10 @@ In the same run, a keyword baseline classifies every excerpt: ten regexes over t
 first that matches wins, else "hang" (a log that shows no error is most often a stalled job). It is the
 floor: per category, torchtriage must be right at least as often. `--split-at N` reports the first N
 excerpts and the rest apart (the development corpus: its older 66 and its newer 87).
+
+The reliability table says how often a verdict is right at each confidence it states (high, medium, low),
+and names the excerpts a verdict got wrong at high: a confident wrong verdict is the costliest mistake, and
+the target is that `high` is right at least 99 % of the time.
 """
 
 from __future__ import annotations
@@ -91,6 +95,37 @@ def _corpus_paths(args: argparse.Namespace) -> list[Path] | None:
     return paths
 
 
+CONFIDENCE_LEVELS = ("high", "medium", "low")
+HIGH_TARGET = 0.99
+
+
+def reliability(outcomes: list[tuple[str, bool]]) -> dict[str, dict[str, float | int]]:
+    """Per stated confidence: how many verdicts, how many right, the share right (None where there are none)."""
+    table: dict[str, dict[str, float | int]] = {}
+    for level in CONFIDENCE_LEVELS:
+        stated = [right for confidence, right in outcomes if confidence == level]
+        table[level] = {
+            "n": len(stated),
+            "right": sum(stated),
+            "accuracy": sum(stated) / len(stated) if stated else None,
+        }
+    return table
+
+
+def print_reliability(table: dict, wrong_at_high: list[str]) -> None:
+    print("\nreliability: how often a verdict is right at the confidence it states")
+    print(f"  {'confidence':>10} {'verdicts':>8} {'right':>6} {'accuracy':>9}")
+    for level in CONFIDENCE_LEVELS:
+        row = table[level]
+        accuracy = f"{row['accuracy']:.1%}" if row["accuracy"] is not None else "-"
+        print(f"  {level:>10} {row['n']:>8} {row['right']:>6} {accuracy:>9}")
+    high = table["high"]["accuracy"]
+    met = high is None or high >= HIGH_TARGET
+    print(f"  high target >= {HIGH_TARGET:.0%}: {'met' if met else 'NOT met'}")
+    for row_id in wrong_at_high:
+        print(f"  wrong at high: {row_id}")
+
+
 def right_answers(row: dict) -> list[str]:
     """Every category that is a right verdict for this excerpt: its `accept` list, else its label."""
     return list(row.get("accept") or [row["label"]])
@@ -112,6 +147,8 @@ def main() -> int:
     baseline: Counter[tuple[str, bool]] = Counter()  # (label, right) for the keyword baseline
     ours: Counter[tuple[str, bool]] = Counter()
     right_by_row: list[tuple[bool, bool]] = []
+    outcomes: list[tuple[str, bool]] = []  # (stated confidence, right) per excerpt
+    wrong_at_high: list[str] = []
     misses = []
     wanted_total = found_total = 0
     for row in rows:
@@ -121,6 +158,9 @@ def main() -> int:
         ours[(row["label"], right)] += 1
         baseline[(row["label"], floor)] += 1
         right_by_row.append((right, floor))
+        outcomes.append((str(verdict.confidence), right))
+        if verdict.confidence == "high" and not right:
+            wrong_at_high.append(row["id"])
         confusion[(row["label"], row["label"] if right else verdict.category)] += 1
         if not right:
             misses.append((row, verdict))
@@ -145,6 +185,8 @@ def main() -> int:
                     "facts_wanted": wanted_total,
                     "confusion": {f"{a}->{b}": n for (a, b), n in sorted(confusion.items())},
                     "misses": [row["id"] for row, _ in misses],
+                    "reliability": reliability(outcomes),
+                    "wrong_at_high": wrong_at_high,
                     "baseline_accuracy": sum(f for _, f in right_by_row) / len(rows) if rows else 0.0,
                     "per_category": {
                         label: {
@@ -178,6 +220,7 @@ def main() -> int:
         n = ours[(label, True)] + ours[(label, False)]
         mark = " !" if ours[(label, True)] < baseline[(label, True)] else ""
         print(f"  {label:>14} {ours[(label, True)]:>4} {baseline[(label, True)]:>4} {n:>4}{mark}")
+    print_reliability(reliability(outcomes), wrong_at_high)
     short = {c: c[:8] for c in labels}
     print("\nconfusion (rows: label, columns: verdict)")
     print(" " * 15 + " ".join(f"{short[c]:>8}" for c in labels))

@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from torchtriage.analysis.fusion import verdict_of
+from torchtriage.analysis.nonfinite_values import read_nonfinite_values
 from torchtriage.analysis.triage import assess_logs
 from torchtriage.errors import InputError
 from torchtriage.knowledge.matcher import Matcher
@@ -38,7 +39,7 @@ def assess_inputs(inputs: list[Input], matcher: Matcher | None = None, problems:
     if not records.files_read:
         reasons = "\n  ".join(records.problems) or "no input"
         raise InputError(f"no log could be read:\n  {reasons}")
-    return assess_logs(records)
+    return assess_logs(read_nonfinite_values(records))
 
 
 def assess_paths(paths: list[str], matcher: Matcher | None = None) -> Assessment:
@@ -59,4 +60,4 @@ def triage_text(text: str | bytes, name: str = "<text>") -> Verdict:
     data = text.encode("utf-8", errors="replace") if isinstance(text, str) else text
     records = LogRecords()
     read_logs([log_input(name)], matcher_for(), records, opener=lambda _: io.BytesIO(data))
-    return verdict_of(assess_logs(records))
+    return verdict_of(assess_logs(read_nonfinite_values(records)))

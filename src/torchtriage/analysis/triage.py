@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascades
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
+from torchtriage.analysis.confidence import calibrated
+from torchtriage.analysis.consistency import consistent
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.stall import (
@@ -55,6 +58,8 @@ class _Candidate:
     order: int
     text: str
     event: LogEvent | None = None
+    cascade: Cascade | None = None  # the library failure whose aftermath this generic CUDA error is
+    generic: bool = False  # on a line that holds a generic CUDA error (knowledge/cascades.toml)
 
 
 # The findings that single out the culprit of a hang from the logs: the timeout readings, and the rank that left
@@ -79,6 +84,11 @@ def _effective_roles(events: list[LogEvent]) -> list[str]:
 
 
 def _candidates(records: LogRecords) -> list[_Candidate]:
+    roles = _effective_roles(records.events)
+    generic = generic_lines(records)
+    cascades = library_cascades(records, roles, generic)
+    for index in cascades:
+        roles[index] = "collateral"  # a generic CUDA error after (or inside) a library's own failure
     candidates = [
         _Candidate(
             role,
@@ -93,8 +103,10 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             e.order,
             e.text,
             e,
+            cascades.get(index),
+            (e.file, e.line) in generic,
         )
-        for e, role in zip(records.events, _effective_roles(records.events), strict=True)
+        for index, (e, role) in enumerate(zip(records.events, roles, strict=True))
     ]
     matched_lines = {(e.file, e.line) for e in records.events}
     for tb in records.tracebacks:
@@ -191,6 +203,8 @@ def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
     """The candidate that most likely started it, and how the order was established."""
     best_role = min(ROLES.index(c.role) for c in candidates)
     pool = [c for c in candidates if ROLES.index(c.role) == best_role]
+    # A generic CUDA error says a kernel stopped, not why: a cause of the same standing that says why leads.
+    pool = [c for c in pool if not c.generic] or pool
     if len({c.kind for c in pool}) == 1 and len({c.rank for c in pool}) == 1:
         return min(pool, key=lambda c: c.order), "the only cause"  # one failure of one rank: nothing to order
     if len(pool) > 1 and all(c.time is not None for c in pool):
@@ -312,7 +326,12 @@ def _nothing_found(records: LogRecords) -> Assessment:
 
 
 def assess_logs(records: LogRecords) -> Assessment:
-    """What the logs say: the first failure, the ranks that started it, their line, the rest as collateral."""
+    """What the logs say: the first failure, the ranks that started it, their line, the rest as collateral;
+    a verdict whose quoted line shows another failure says so (`analysis.consistency`)."""
+    return consistent(_assess_logs(records))
+
+
+def _assess_logs(records: LogRecords) -> Assessment:
     candidates = _candidates(records)
     if all(c.role == "collateral" for c in candidates):
         # No error of its own: where the logs stop, the lowest layer, speaks before any aftermath does.
@@ -332,7 +351,8 @@ def assess_logs(records: LogRecords) -> Assessment:
         culprits = _rank_list({c.rank for c in candidates if c.category == primary.category and c.role != "collateral"})
     findings = _findings(candidates)
     lead = next(f for f in findings if f.kind == primary.kind and f.role == primary.role)
-    related = [c.event for c in candidates if c.event and c.category == primary.category]
+    # The same failure's other lines complete its facts; a generic CUDA error it caused says nothing of it.
+    related = [c.event for c in candidates if c.event and c.category == primary.category and c.cascade is None]
     facts = _merge_facts(primary, related)
     facts.update(_child_failure_facts(records.child_failures))
     lead.facts.update(facts)
@@ -397,7 +417,13 @@ def assess_logs(records: LogRecords) -> Assessment:
             "the verdict names the most specific failure, not necessarily the first."
         )
 
-    confidence = {"primary": "high", "symptom": "medium", "collateral": "low"}[primary.role]
+    confidence, doubts = calibrated(primary, candidates, records)
+    if doubts:
+        facts["doubts"] = doubts
+        records.problems += [f"Confidence {confidence}, not high: {doubt}" for doubt in doubts]
+    aftermath = _aftermath(primary, candidates)
+    if aftermath:
+        facts["aftermath"] = aftermath
     if blaming is not None and blaming.kind in TIMEOUT_KINDS:
         confidence = "high"  # the ranks' own records single the culprit out
     elif blaming is not None and blaming.kind == "logs.silent_rank":
@@ -409,7 +435,7 @@ def assess_logs(records: LogRecords) -> Assessment:
     return Assessment(
         source="logs",
         findings=findings,
-        summary=_summary(primary, culprits, frame, facts, findings),
+        summary=_summary(primary, culprits, frame, facts, findings) + _aftermath_note(aftermath),
         category=primary.category,
         culprits=culprits,
         confidence=confidence,
@@ -419,6 +445,34 @@ def assess_logs(records: LogRecords) -> Assessment:
         lead=lead,
         blaming=blaming,
     )
+
+
+def _aftermath(primary: _Candidate, candidates: list[_Candidate]) -> list[dict]:
+    """The generic CUDA errors that the primary failure's library explains, when it is a library's."""
+    after = [c for c in candidates if c.cascade is not None and c.cascade.owner.rule.category == primary.category]
+    seen: dict[tuple[str, int], dict] = {}
+    for c in sorted(after, key=lambda c: c.order):
+        seen.setdefault(
+            (c.file, c.line),
+            {
+                "rank": c.rank,
+                "file": c.file,
+                "line": c.line,
+                "text": c.text[:300],
+                "library": c.cascade.library,
+                "how": c.cascade.how,
+            },
+        )
+    return list(seen.values())[:_MAX_EVIDENCE]
+
+
+def _aftermath_note(aftermath: list[dict]) -> str:
+    if not aftermath:
+        return ""
+    first = aftermath[0]
+    where = {"inside": "raised inside it", "trap": "its kernel's trap left"}.get(first["how"], "after it")
+    rank = f" on rank {first['rank']}" if first["rank"] is not None else ""
+    return f"; the CUDA error {where}{rank} is its aftermath ({first['text'][:120]})"
 
 
 def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findings: list[Finding]) -> str:
