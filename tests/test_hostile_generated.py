@@ -2,7 +2,7 @@
 children: every case ends in records or one clear refusal from the pre-scan or the readers' checks, never
 in the child's last defence (a signal, its memory or its time), and this process lives.
 
-TORCHTRIAGE_HOSTILE_CASES seeds (default 1000, about two minutes on 2 cores), then every seed in
+TORCHTRIAGE_HOSTILE_CASES seeds (default 500, about a minute on 2 cores), then every seed in
 hostile_regressions.txt. The long run: `python tests/hostile_pickles.py --count 100000`.
 """
 
@@ -15,7 +15,7 @@ import pytest
 
 from hostile_pickles import FAMILIES, make, outcome
 
-CASES = int(os.environ.get("TORCHTRIAGE_HOSTILE_CASES", "1000"))
+CASES = int(os.environ.get("TORCHTRIAGE_HOSTILE_CASES", "500"))
 REGRESSIONS = [
     int(line.split("#")[0])
     for line in (Path(__file__).parent / "hostile_regressions.txt").read_text().splitlines()
