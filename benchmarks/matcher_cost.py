@@ -23,9 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from pathlib import Path
+
+from base_tree import base_src  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
 
 from torchtriage.analysis.pipeline import matcher_for
 from torchtriage.sources.lines import normalise
@@ -88,20 +89,6 @@ def _rates(megabytes: float, seconds: float, start_up: float) -> str:
     return f"{megabytes / seconds:6.1f} MB/s ({megabytes / max(seconds - start_up, 1e-3):6.1f} after start-up)"
 
 
-@contextmanager
-def _base_src(ref: str, given: Path | None, tmp: Path) -> Iterator[Path]:
-    """REF's src folder: `given`, or a temporary worktree of REF, removed afterwards."""
-    if given is not None:
-        yield given
-        return
-    base = tmp / "base"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), ref], check=True)
-    try:
-        yield base / "src"
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="3ac590f")  # the commit before the matcher's sets
@@ -109,7 +96,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--base-src", type=Path, help="REF's src folder, already checked out (no worktree is made)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, _base_src(args.base, args.base_src, Path(tmp)) as base:
+    with tempfile.TemporaryDirectory() as tmp, base_src(args.base, Path(tmp), args.base_src) as base:
         trees = {"this": ROOT / "src", args.base: base}
         start_up = {}
         for name, log in _logs(Path(tmp), int(args.size_mb * (1 << 20))).items():

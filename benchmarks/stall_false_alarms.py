@@ -18,6 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from base_tree import base_src  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 JOB = ROOT / "tests" / "jobs" / "harm_job.py"
 TORCHRUN = Path(sys.executable).parent / "torchrun"
@@ -43,22 +45,15 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--stall", type=float, default=2.0)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), args.base], check=True)
-        trees = {"this tree": ROOT / "src", args.base: base / "src"}
+    with tempfile.TemporaryDirectory() as tmp, base_src(args.base, Path(tmp)) as base:
+        trees = {"this tree": ROOT / "src", args.base: base}
         counts = {(tree, mode): [0, 0] for tree in trees for mode in ("busy", "idle")}
-        try:
-            for run in range(args.runs):
-                for mode in ("busy", "idle"):
-                    for tree, src in trees.items():
-                        stalled, code = _one_run(
-                            src, mode, Path(tmp) / f"{tree}-{mode}-{run}", args.seconds, args.stall
-                        )
-                        counts[tree, mode][0] += stalled
-                        counts[tree, mode][1] += code == 0
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+        for run in range(args.runs):
+            for mode in ("busy", "idle"):
+                for tree, src in trees.items():
+                    stalled, code = _one_run(src, mode, Path(tmp) / f"{tree}-{mode}-{run}", args.seconds, args.stall)
+                    counts[tree, mode][0] += stalled
+                    counts[tree, mode][1] += code == 0
     print(f"{args.runs} runs each, {args.seconds:g} s of steps, --stall-seconds {args.stall:g}")
     print(f"{'tree':<14}{'mode':<6}{'false stall verdicts':>22}{'exit 0':>8}")
     for (tree, mode), (stalled, clean) in counts.items():

@@ -19,9 +19,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+
+from base_tree import base_src  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 10.0, "dur": 5.0}
@@ -44,20 +44,6 @@ def _timed(src: Path, trace: Path) -> float:
     return float(done.stdout)
 
 
-@contextmanager
-def _base_src(ref: str, given: Path | None, tmp: Path) -> Iterator[Path]:
-    """REF's src folder: `given`, or a temporary worktree of REF, removed afterwards."""
-    if given is not None:
-        yield given
-        return
-    base = tmp / "base"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "-q", "--detach", str(base), ref], check=True)
-    try:
-        yield base / "src"
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="3ac590f")
@@ -65,7 +51,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--base-src", type=Path, help="REF's src folder, already checked out (no worktree is made)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, _base_src(args.base, args.base_src, Path(tmp)) as base:
+    with tempfile.TemporaryDirectory() as tmp, base_src(args.base, Path(tmp), args.base_src) as base:
         for megabytes in (int(size) for size in args.sizes.split(",")):
             trace = Path(tmp) / f"event_{megabytes}mb.json"
             _write(trace, megabytes)
