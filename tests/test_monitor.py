@@ -309,3 +309,18 @@ def test_hugging_face_and_lightning_callbacks(tmp_path, framework, library):
     finals, _ = run_job(tmp_path, script="monitor_frameworks.py", FRAMEWORK=framework, STEPS="30", WINDOW="10")
     assert finals[0] == finals[1]
     assert named(finals[0]) == {(1, "data")}
+
+
+def test_a_folder_that_cannot_be_written_is_said_once_not_once_per_window(tmp_path, caplog):
+    # A full disk or a file where the folder should be: the monitor runs on, and says so once, not once per window
+    # per rank (30,000 lines an hour at 16 ranks).
+    (tmp_path / "monitor").write_text("a file where the monitor's folder would go")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with caplog.at_level("WARNING", logger="torchtriage"):
+        with StepMonitor(tmp_path, window=2, step_on="optimizer"):
+            for _ in range(12):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+    said = [r.getMessage() for r in caplog.records if "could not write" in r.getMessage()]
+    assert len(said) == 1 and "further write errors are not logged" in said[0], said
