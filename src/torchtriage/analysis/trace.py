@@ -130,6 +130,15 @@ def _step_of(steps: list, starts: list[float], ts: float) -> int | None:
     return None
 
 
+def _first_step_by_number(steps: list) -> dict[int, tuple]:
+    """Each step number's first (number, start, end) in time order: looked up per step or per collective, a
+    search of the list each time would cost the number of steps squared (a trace of 100,000 steps)."""
+    first: dict[int, tuple] = {}
+    for step in steps:
+        first.setdefault(step[0], step)
+    return first
+
+
 TIMELINE_EVENTS = 4000
 
 
@@ -157,6 +166,7 @@ def rank_breakdown(trace: RankTrace, timeline: list | None = None) -> tuple[list
                     if step is not None:
                         by_step[step].append((ts, end, kind))
             numbers = [n for n, _, _ in steps if by_step.get(n)]
+            first_step = _first_step_by_number(steps)
             for index, number in enumerate(numbers):
                 group = by_step[number]
                 start = min(s for s, _, _ in group)
@@ -166,13 +176,17 @@ def rank_breakdown(trace: RankTrace, timeline: list | None = None) -> tuple[list
                     end = max(e for _, e, _ in group)
                 end = max(end, start)
                 parts = breakdown(group, start, end)
-                cpu = next(s for s in steps if s[0] == number)
+                cpu = first_step[number]
                 per_step.append(StepBreakdown(number, start, end, cpu_duration=cpu[2] - cpu[1], **parts))
                 if timeline is not None and index == len(numbers) // 2:
                     timeline += [(s - start, e - start, KIND_NAMES[k]) for s, e, k in group[:TIMELINE_EVENTS]]
     else:
+        # Each step's collectives found by bisection, not by a pass over all of them per step.
+        collectives = sorted(trace.collectives, key=lambda c: c.ts)
+        collective_starts = [c.ts for c in collectives]
         for number, start, end in steps:
-            inside = union([(c.ts, c.ts + c.dur) for c in trace.collectives if start <= c.ts < end])
+            first, stop = bisect.bisect_left(collective_starts, start), bisect.bisect_left(collective_starts, end)
+            inside = union([(c.ts, c.ts + c.dur) for c in collectives[first:stop]])
             coll = total(clip(inside, start, end))
             per_step.append(
                 StepBreakdown(
@@ -300,10 +314,11 @@ def summarise_rank(trace: RankTrace) -> RankSummary:
         for (name, _), value in sums.items():
             per_name[name].append(value)
         firsts: dict[int, float] = {}
+        first_step = _first_step_by_number(trace.steps)
         for record in trace.collectives:
             step = _step_of(trace.steps, starts, record.ts)
             if step is not None and step not in firsts:
-                firsts[step] = record.ts - next(s[1] for s in trace.steps if s[0] == step)
+                firsts[step] = record.ts - first_step[step][1]
         offsets = list(firsts.values())
     phases = {name: statistics.median(v) for name, v in per_name.items()}
     gpu_compute = _median([s.compute for s in steps]) if trace.has_gpu else None

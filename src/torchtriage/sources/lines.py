@@ -10,6 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from torchtriage.sources import limits
+from torchtriage.sources.fields import as_int
+
 # Terminal sequences a log may carry (ECMA-48): CSI (colours, cursor), OSC ended by BEL or ST (titles,
 # hyperlinks), DCS/SOS/PM/APC strings ended by ST, other two-character escapes, and the one-byte C1 CSI.
 # Each alternative stops at the next ESC, so a line full of unterminated ones costs linear time.
@@ -21,17 +24,21 @@ _ANSI = re.compile(
     r"|\x9b[0-?]*[ -/]*[@-~]"
 )
 
-# Launcher prefixes that carry a rank. Each is tried at the start of what remains of the line.
+# Launcher prefixes that carry a rank. Each is tried at the start of what remains of the line. A rank is all
+# the digits there (a role's name never ends in one: "[rank9999999]" is not role "rank9" and rank 999999), and
+# a number past the largest rank read (the policy's `rank` limit) makes no rank prefix: the line is left as it
+# is, and no census lists a million ranks that never printed.
+_RANK_DIGITS = r"(?<!\d)(?P<rank>\d{1,12})(?!\d)"
 _RANK_PREFIXES = [
     # torchrun --tee / --local-ranks-filter: "[default3]:" (role + local rank); torch logging "[rank3]:"
-    re.compile(r"\[(?:rank|default|[A-Za-z_][\w-]*?)(?P<rank>\d{1,6})\]:\s?"),
+    re.compile(rf"\[(?:rank|default|[A-Za-z_][\w-]*?){_RANK_DIGITS}\]:\s?"),
     # mpirun --tag-output: "[1,3]<stderr>:"
-    re.compile(r"\[\d+,(?P<rank>\d{1,6})\]<std(?:out|err)>:\s?"),
+    re.compile(rf"\[\d+,{_RANK_DIGITS}\]<std(?:out|err)>:\s?"),
     # "[Rank 3]" / "[RANK 3]" / "Rank 3:" / "rank3:" at the start of the message
-    re.compile(r"\[(?:rank|RANK|Rank) ?(?P<rank>\d{1,6})\]:?\s?"),
-    re.compile(r"(?:rank|RANK|Rank) ?(?P<rank>\d{1,6}):\s"),
+    re.compile(rf"\[(?:rank|RANK|Rank) ?{_RANK_DIGITS}\]:?\s?"),
+    re.compile(rf"(?:rank|RANK|Rank) ?{_RANK_DIGITS}:\s"),
     # srun --label: "3: " (only digits, then colon and a space)
-    re.compile(r"\s{0,5}(?P<rank>\d{1,6}): "),
+    re.compile(rf"\s{{0,5}}{_RANK_DIGITS}: "),
 ]
 
 # What launchers and collectors put before those, naming a host or a process but no rank: pdsh/clush's
@@ -107,12 +114,13 @@ def normalise(raw: str) -> Normalised:
         # rules read them there.
         for prefix in _RANK_PREFIXES if not after_header else ():
             match = prefix.match(text)
-            if match:
+            number = as_int(match.group("rank"), -1, 0, limits.active().rank) if match else -1
+            if number >= 0:
                 # "[default3]:[rank35]:" — torchrun's tee prefix carries the local rank, torch's own
                 # "[rank35]:" the global one: a prefix that says "rank" wins, otherwise the outermost.
                 says_rank = "rank" in match.group(0).lower()
                 if rank is None or (says_rank and not rank_is_global):
-                    rank, rank_is_global = int(match.group("rank")), says_rank
+                    rank, rank_is_global = number, says_rank
                 text = text[match.end() :]
                 peeled = True
                 break

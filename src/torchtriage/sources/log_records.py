@@ -8,20 +8,26 @@ file name, then the message.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
+import os
 import re
 import zlib
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from functools import partial
 
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame
 from torchtriage.sources import limits
 from torchtriage.sources.fields import as_int
+from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, scan_lines
-from torchtriage.sources.registry import Input, open_input
+from torchtriage.sources.registry import STDIN, Input, open_input
 
 
 @dataclass
@@ -306,48 +312,148 @@ class _FileReader:
                 event.order = order
 
 
+# Below this many logs, forking costs more than reading them here (a small log takes about 40 µs to read).
+_FORK_FROM = 2048
+
+
 def read_logs(
     artifacts: list[Input],
     matcher: Matcher,
     records: LogRecords | None = None,
     opener=open_input,
 ) -> LogRecords:
-    """Stream every log through the matcher; what cannot be read (fully) is added to the problems."""
+    """Stream every log through the matcher; what cannot be read (fully) is added to the problems.
+
+    Thousands of logs (a folder of every rank's small files) are read on every core the process may use, each
+    log's records then added in the order of `artifacts`: the records are those of reading them one by one."""
     records = records or LogRecords()
-    for artifact in artifacts:
-        try:
-            stream = opener(artifact)
-        except OSError as err:
-            records.problems.append(f"{artifact.display}: cannot be read: {err.strerror or err}.")
-            continue
-        reader = _FileReader(artifact, matcher, records)
-        tail = Tail(_tail_bytes(len(artifacts)))
-        try:
-            for line_no, raw in scan_lines(stream, matcher.prefilter, tail):
-                reader.feed(line_no, raw)
-            if getattr(stream, "truncated", False):
-                records.problems.append(
-                    f"{artifact.display}: the gzip file is cut off; reading stopped early, analysed what came before."
-                )
-        except LimitExceeded as err:
-            records.problems.append(
-                f"{artifact.display}: {err.what}; read up to the limit and analysed what came before ({err.hint})."
-            )
-        except (OSError, EOFError, zlib.error) as err:
-            records.problems.append(f"{artifact.display}: reading stopped early ({err}); analysed what came before.")
-        finally:
-            reader.close()
-            stream.close()
-        log_tail = LogTail(artifact.display, artifact.rank, tail.first_line, tail.data)
-        cut = _cut_record(log_tail)
-        if cut is not None:
-            records.problems.append(f"{artifact.display}: {cut}")
-            if cut == _NO_RECORD:
-                continue  # nothing in it was read: counted among the unreadable
-        records.files_read.append(artifact.display)
-        if tail.data:
-            records.tails.append(log_tail)
+    tail_bytes = _tail_bytes(len(artifacts))
+    jobs = usable_cores()
+    if jobs > 1 and len(artifacts) >= _FORK_FROM and opener is open_input and can_fork():
+        read = partial(_read_portable, matcher=matcher, tail_bytes=tail_bytes, here=os.getpid())
+        with _no_collection():
+            for artifact, done in zip(artifacts, map_forked(read, artifacts, jobs), strict=True):
+                if done is None:
+                    _add(records, _read_log(artifact, matcher, tail_bytes))
+                elif isinstance(done, LogRecords):
+                    _add(records, done)
+                else:
+                    _add_portable(records, done, matcher)
+    else:
+        for artifact in artifacts:
+            _add(records, _read_log(artifact, matcher, tail_bytes, opener))
     return records
+
+
+@contextlib.contextmanager
+def _no_collection() -> Iterator[None]:
+    """The cyclic garbage collector off while logs are read in children and their records come back: with it on,
+    unpickling the records of 57,000 small logs took ten times as long (1 s against 0.1 s), collection after
+    collection walking them; and a child that collects writes to every object it shares with this process, copying
+    their pages. Reading makes no reference cycles to speak of; any left are collected once the collector is on."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_input) -> LogRecords:
+    """One log's records, numbered from 0 in reading order."""
+    records = LogRecords()
+    try:
+        stream = opener(artifact)
+    except OSError as err:
+        records.problems.append(f"{artifact.display}: cannot be read: {err.strerror or err}.")
+        return records
+    reader = _FileReader(artifact, matcher, records)
+    tail = Tail(tail_bytes)
+    try:
+        for line_no, raw in scan_lines(stream, matcher.prefilter, tail):
+            reader.feed(line_no, raw)
+        if getattr(stream, "truncated", False):
+            records.problems.append(
+                f"{artifact.display}: the gzip file is cut off; reading stopped early, analysed what came before."
+            )
+    except LimitExceeded as err:
+        records.problems.append(
+            f"{artifact.display}: {err.what}; read up to the limit and analysed what came before ({err.hint})."
+        )
+    except (OSError, EOFError, zlib.error) as err:
+        records.problems.append(f"{artifact.display}: reading stopped early ({err}); analysed what came before.")
+    finally:
+        reader.close()
+        stream.close()
+    log_tail = LogTail(artifact.display, artifact.rank, tail.first_line, tail.data)
+    cut = _cut_record(log_tail)
+    if cut is not None:
+        records.problems.append(f"{artifact.display}: {cut}")
+        if cut == _NO_RECORD:
+            return records  # nothing in it was read: counted among the unreadable
+    records.files_read.append(artifact.display)
+    if tail.data:
+        records.tails.append(log_tail)
+    return records
+
+
+def _add(records: LogRecords, one: LogRecords) -> None:
+    """One log's records after those read before it."""
+    for event in one.events:
+        event.order += len(records.events)
+    records.events += one.events
+    records.tracebacks += one.tracebacks
+    records.child_failures += one.child_failures
+    records.ranks_seen |= one.ranks_seen
+    records.files_read += one.files_read
+    records.problems += one.problems
+    records.tails += one.tails
+
+
+# A log's records as a forked reader sends them back: plain tuples, which pickle two to three times faster than the
+# dataclasses (thousands of tiny logs cost little more than their records' transport), each event's rule by its
+# id (a rule holds compiled patterns, which do not pickle).
+_Portable = tuple[list[tuple], list[PyTraceback], list[ChildFailure], set[int], list[str], list[str], list[tuple]]
+_EVENT_FIELDS = tuple(f.name for f in fields(LogEvent))
+
+
+def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int) -> LogRecords | _Portable | None:
+    """One log's records, as they are where read in process `here`, else to send back; None for standard input,
+    which only process `here` reads."""
+    if artifact.path == STDIN:
+        return None
+    records = _read_log(artifact, matcher, tail_bytes)
+    if os.getpid() == here:
+        return records
+    return (
+        [
+            tuple(event.rule.id if name == "rule" else getattr(event, name) for name in _EVENT_FIELDS)
+            for event in records.events
+        ],
+        records.tracebacks,
+        records.child_failures,
+        records.ranks_seen,
+        records.files_read,
+        records.problems,
+        [(tail.file, tail.rank, tail.first_line, tail.data) for tail in records.tails],
+    )
+
+
+def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) -> None:
+    """What `_add` does, from what a child sent back."""
+    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails = portable
+    first = len(records.events)
+    for values in events:
+        event = LogEvent(*values)
+        event.rule, event.order = matcher.rules_by_id[event.rule], event.order + first  # type: ignore[index]
+        records.events.append(event)
+    records.tracebacks += tracebacks
+    records.child_failures += child_failures
+    records.ranks_seen |= ranks_seen
+    records.files_read += files_read
+    records.problems += problems
+    records.tails += [LogTail(*tail) for tail in tails]
 
 
 _NO_RECORD = "it holds one record of torchtriage's, cut off before its end (the job was killed while writing it?)"
