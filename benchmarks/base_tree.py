@@ -22,3 +22,13 @@ def base_src(ref: str, tmp: Path, given: Path | None = None) -> Iterator[Path]:
         yield base / "src"
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+
+
+def printed_number(src: Path, program: str, *args: str) -> float:
+    """The number `python -c program args` prints, run with `src` first on its path (this tree's or REF's)."""
+    import os
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), os.environ.get("PYTHONPATH"))))}
+    done = subprocess.run([sys.executable, "-c", program, *args], env=env, capture_output=True, text=True, check=True)
+    return float(done.stdout)

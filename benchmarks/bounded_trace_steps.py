@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from base_tree import base_src  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
+from base_tree import base_src, printed_number  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMED = (
@@ -53,13 +51,6 @@ def _write(path: Path, steps: int, gpu: bool) -> None:
     path.write_text(json.dumps({"distributedInfo": {"rank": 0, "world_size": 2}, "traceEvents": events}))
 
 
-def _timed(src: Path, trace: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", TIMED, str(trace)], env=env, capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    return float(done.stdout)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="868292f")
@@ -72,7 +63,10 @@ def main() -> int:
             for gpu in (True, False):
                 trace = Path(tmp) / f"steps_{steps}_{'gpu' if gpu else 'cpu'}.json"
                 _write(trace, steps, gpu)
-                pairs = [(_timed(ROOT / "src", trace), _timed(base, trace)) for _ in range(args.runs)]
+                pairs = [
+                    (printed_number(ROOT / "src", TIMED, str(trace)), printed_number(base, TIMED, str(trace)))
+                    for _ in range(args.runs)
+                ]
                 this, other = (statistics.median(times) for times in zip(*pairs, strict=True))
                 ratios = [a / b for a, b in pairs]
                 print(f"{steps:>7,} steps ({'GPU' if gpu else 'CPU-only'}): this {this:7.3f} s, {args.base} "

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from base_tree import base_src  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
+from base_tree import base_src, printed_number  # benchmarks/base_tree.py: run as scripts, this folder is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 KERNEL = {"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ts": 10.0, "dur": 5.0}
@@ -37,13 +35,6 @@ def _write(path: Path, megabytes: int) -> None:
     path.write_text('{"traceEvents": [' + json.dumps(KERNEL) + ", " + text + ", " + json.dumps(KERNEL) + "]}")
 
 
-def _timed(src: Path, trace: Path) -> float:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(src), os.environ.get("PYTHONPATH"))))}
-    done = subprocess.run([sys.executable, "-c", TIMED, str(trace)], env=env, capture_output=True, text=True,
-                          check=True)  # fmt: skip
-    return float(done.stdout)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="3ac590f")
@@ -56,7 +47,10 @@ def main() -> int:
             trace = Path(tmp) / f"event_{megabytes}mb.json"
             _write(trace, megabytes)
             size = trace.stat().st_size / (1 << 20)
-            pairs = [(_timed(ROOT / "src", trace), _timed(base, trace)) for _ in range(args.runs)]
+            pairs = [
+                (printed_number(ROOT / "src", TIMED, str(trace)), printed_number(base, TIMED, str(trace)))
+                for _ in range(args.runs)
+            ]
             this, other = (statistics.median(times) for times in zip(*pairs, strict=True))
             ratios = [a / b for a, b in pairs]
             print(f"one event of {size:5.1f} MB: this {this:7.2f} s ({size / this:5.1f} MB/s), {args.base} "
