@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchtriage.knowledge.linear_regex import is_linear
+from torchtriage.knowledge.may_match import Gate, gate_alternatives
 from torchtriage.knowledge.prefilter import STRUCTURE_MARKERS, compile_prefilter, longest_literal_regex
 from torchtriage.knowledge.rules import MIN_PHRASE, Rule
 
@@ -238,7 +239,25 @@ class Matcher:
         self._anchor_set: AnchorSet | None = None
         self._anchor_set_built = False  # built at the first line matched
         self._pattern_sets: dict[str, PatternSet | None] = {}  # built at the first line a rule is a candidate
+        self._gate: Gate | None = None
+        self._gate_built = False  # built at the first line asked about
         self.counter = SearchCounter()
+
+    def could_match(self, raw: bytes) -> bool:
+        """False only where no rule can match the raw line `raw` and it holds none of the markers the reader
+        follows besides rules (knowledge.may_match): such a line costs one call into C."""
+        if not self._gate_built:
+            self._gate, self._gate_built = self._build_gate(), True
+        return self._gate is None or self._gate.could_match(raw)
+
+    def _build_gate(self) -> Gate | None:
+        rules = [
+            ([p.pattern if isinstance(p.pattern, str) else p.pattern.decode() for p in r.patterns], r.anchors)
+            for r in self.rules
+            if r.patterns
+        ]
+        phrases = [(phrase, heads) for heads_of in self._phrase_heads.values() for phrase, heads in heads_of]
+        return Gate.of(gate_alternatives(rules, phrases, [*self.superseding, *STRUCTURE_MARKERS]))
 
     def _candidates(self, text: str, encoded: bytes | None) -> dict[str, Rule]:
         """The rules whose anchors `text` holds, in the order their anchors first appear in it."""
