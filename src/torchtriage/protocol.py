@@ -15,6 +15,7 @@ here, so neither imports the other.
     DIR/nonfinite.jsonl            NonFiniteGuard(locate=True): where each skipped step's NaN was born
     DIR/monitor/steps-rank<R>.jsonl   with --monitor: one line per window of each rank's step timings
     DIR/monitor/stragglers.jsonl   with --monitor: the straggler decisions (rank 0)
+    DIR/run-exit.json              how the job ended (`run`): the launcher's exit code or signal, its start and end
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ DEBUG_SERVER_ENV = "TORCHTRIAGE_DEBUG_SERVER"
 DEBUG_SERVER_FILE = "debug_server.json"
 MONITOR_WINDOW_ENV = "TORCHTRIAGE_MONITOR_WINDOW"  # set by `run --monitor`: the step monitor's window
 MONITOR_SUBDIR = "monitor"
+# Written by `torchtriage run` once its launcher has ended (cli/run_end.py), read by triage (sources/run_exit.py).
+RUN_EXIT_FILE = "run-exit.json"
+RUN_EXIT_SCHEMA = "torchtriage.run_exit/1"
 # PyTorch's debug server registers each rank's worker URL in the job's store under this prefix
 # (torch/distributed/debug/_store.py); `run --debug-server` adds the world size under the second key.
 DEBUG_SERVER_STORE_PREFIX = "debug_server/"

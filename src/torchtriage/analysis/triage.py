@@ -34,6 +34,7 @@ from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.log_records import ChildFailure, LogEvent, LogRecords, PyTraceback
+from torchtriage.sources.run_exit import run_exits
 
 _MAX_EVIDENCE = 4
 # Exceptions a launcher raises about its children: never the cause, always a report of it.
@@ -135,6 +136,15 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             )
         )
     return candidates
+
+
+def _stops_because_it_finished(stall: Assessment, records: LogRecords) -> bool:
+    """Whether logs that only 'stop' belong to a job whose launcher exited 0 (`torchtriage run`'s record of its
+    end): they stop where the job ended, not where it stuck."""
+    if stall.lead is None or stall.lead.kind != LOG_STOPS:
+        return False
+    ends = run_exits(records.tails)
+    return bool(ends) and all(end.finished for end in ends)
 
 
 def _stops_at_a_known_line(stall: Assessment, candidates: list[_Candidate]) -> bool:
@@ -310,9 +320,14 @@ def _nothing_found(records: LogRecords) -> Assessment:
     """No family, no stall: what the logs show, and a finding when they end in a failure no rule knows."""
     facts, findings = what_was_seen(records)
     summary = "No known failure signature found" if records.files_read else "Nothing could be read"
+    finished = [end for end in run_exits(records.tails) if end.finished]
+    if finished:
+        facts["job_finished"] = finished[0].sentence
     if findings:
         summary = findings[0].message
-    elif "last_line" in facts:
+    elif finished and facts.get("last_line") != finished[0].sentence:
+        summary = f"{summary}; {finished[0].sentence.removeprefix('torchtriage run: ')}"
+    if not findings and "last_line" in facts:
         summary = f"{summary}; the log ends: {facts['last_line'][:160]}"
     return Assessment(
         "logs",
@@ -336,7 +351,11 @@ def _assess_logs(records: LogRecords) -> Assessment:
     if all(c.role == "collateral" for c in candidates):
         # No error of its own: where the logs stop, the lowest layer, speaks before any aftermath does.
         stall = assess_stall(records)
-        if stall is not None and not _stops_at_a_known_line(stall, candidates):
+        if (
+            stall is not None
+            and not _stops_at_a_known_line(stall, candidates)
+            and not _stops_because_it_finished(stall, records)
+        ):
             stall.findings += _findings(candidates)
             return stall
     if not candidates:

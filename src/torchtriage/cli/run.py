@@ -7,7 +7,9 @@ Runs any launcher (torchrun, `python -m torch.distributed.run`, srun, mpirun ...
   into DIR/hang, before the NCCL watchdog or the scheduler kills the job;
 - with --monitor, the step monitor in every rank (DIR/monitor: step timings per window, the straggler);
 - with --debug-server, PyTorch's debug-server worker in every rank (for `diagnose --store`).
-The child's output passes through untouched and its exit code is returned.
+The child's output passes through untouched and its exit code is returned. Once it ends, `run` says how (the
+watchdog's verdict if a stall was diagnosed, then whether the job finished, failed or was ended by a signal) and
+keeps how the launcher ended in DIR/run-exit.json, which triage reads with the rest of the folder (cli/run_end.py).
 
 DIR is made private (0700: the ranks' stacks show the values they hold), and checked writable before the job
 starts: a folder the ranks cannot write to would lose the evidence of the very hang it is there for.
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import torchtriage
 from torchtriage.cli.common import SECONDS
+from torchtriage.cli.run_end import LauncherEnd, forget_earlier_end, say_and_record
 from torchtriage.errors import EnvironmentProblem, UsageError
 from torchtriage.protocol import (
     DEBUG_SERVER_ENV,
@@ -37,8 +40,6 @@ from torchtriage.protocol import (
     MONITOR_WINDOW_ENV,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
-    VERDICT_STEM,
-    hang_dir,
     make_private_folders,
     open_private,
     open_to_others,
@@ -158,11 +159,13 @@ def run(args: argparse.Namespace) -> int:
             " (torchtriage diagnose --store HOST:PORT)",
             file=sys.stderr,
         )
-    code = _run_forwarding(command, env)
-    verdict = hang_dir(out_dir) / f"{VERDICT_STEM}.txt"
-    if verdict.exists():
-        print(f"torchtriage run: a stall was diagnosed: {verdict}", file=sys.stderr)
-    return code if code >= 0 else 128 - code
+    forget_earlier_end(out_dir)
+    started = time.time()
+    forwarded: list[int] = []
+    code = _run_forwarding(command, env, forwarded)
+    end = LauncherEnd(Path(command[0]).name, code, started, time.time(), tuple(forwarded))
+    say_and_record(out_dir, end)
+    return end.exit_code
 
 
 # One block of data: a full file system refuses it where an empty file would still be made.
@@ -223,8 +226,9 @@ def _start(command: list[str], env: dict[str, str], blocked: bool) -> subprocess
         raise EnvironmentProblem(f"{command[0]}: cannot be started ({err.strerror or err}).") from None
 
 
-def _run_forwarding(command: list[str], env: dict[str, str]) -> int:
-    """Run the launcher; each signal sent to this process is passed to it, and its exit code returned.
+def _run_forwarding(command: list[str], env: dict[str, str], forwarded: list[int]) -> int:
+    """Run the launcher; each signal sent to this process is passed to it (and added to `forwarded`), and its
+    exit code returned.
 
     A signal the terminal sent (Ctrl-C, hangup) reached the launcher already, through the process group
     they share: it is not sent twice, which would turn a clean shutdown into an abort. Where the sender
@@ -236,12 +240,12 @@ def _run_forwarding(command: list[str], env: dict[str, str]) -> int:
             while (code := child.poll()) is None:
                 info = signal.sigtimedwait(FORWARDED, 0.2)
                 if info is not None and info.si_code != _FROM_THE_KERNEL:
-                    _pass_on(child, info.si_signo)
+                    _pass_on(child, info.si_signo, forwarded)
             return code
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     child = _start(command, env, blocked=False)  # pragma: no cover - platforms without sigtimedwait
-    previous = {sig: signal.signal(sig, lambda sig, _f: _pass_on(child, sig)) for sig in FORWARDED}
+    previous = {sig: signal.signal(sig, lambda sig, _f: _pass_on(child, sig, forwarded)) for sig in FORWARDED}
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         return child.wait()
@@ -250,8 +254,9 @@ def _run_forwarding(command: list[str], env: dict[str, str]) -> int:
             signal.signal(sig, handler)
 
 
-def _pass_on(child: subprocess.Popen, sig: int) -> None:
+def _pass_on(child: subprocess.Popen, sig: int, forwarded: list[int]) -> None:
     try:
         child.send_signal(sig)
+        forwarded.append(sig)
     except ProcessLookupError:  # it exited meanwhile
         pass

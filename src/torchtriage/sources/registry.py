@@ -53,8 +53,9 @@ _FAULTHANDLER = re.compile(
 _NVIDIA_SMI = re.compile(rb"^\s*(?:\+ nvidia-smi |Link \d+: |GPU \d+: .*\(UUID: )", re.MULTILINE)
 _OWN_TEXT = (b"verdict   ", b"requested by torchtriage ")
 # Schemas of torchtriage's records that are evidence, each holding its sentence in "line":
-# runtime/nonfinite_verdict.py (nonfinite.jsonl) and runtime/straggler.py (monitor/stragglers.jsonl).
-_READ_AS_LOGS = (b"nonfinite", b"straggler")
+# runtime/nonfinite_verdict.py (nonfinite.jsonl), runtime/straggler.py (monitor/stragglers.jsonl) and
+# `torchtriage run`'s record of how the job ended (run-exit.json, sources/run_exit.py).
+_READ_AS_LOGS = (b"nonfinite", b"straggler", b"run_exit")
 _DOCUMENTS = (".md", ".rst", ".html", ".htm", ".svg", ".png", ".jpg", ".jpeg", ".pdf")
 _SOURCE_CODE = (".py", ".sh", ".cfg", ".toml", ".yaml", ".yml")
 
@@ -160,8 +161,9 @@ def _own_schema(head: Head) -> bytes | None:
 
 
 def _record_read_as_log(head: Head) -> bool:
-    """The guard's nonfinite.jsonl and the monitor's stragglers.jsonl are evidence, not output: each
-    record holds the sentence rank 0 logged ("line"), so the file is read as a log, one record a line."""
+    """The guard's nonfinite.jsonl, the monitor's stragglers.jsonl and run's run-exit.json are evidence, not
+    output: each record holds the sentence that was logged ("line"), so the file is read as a log, one record a
+    line."""
     return _own_schema(head) in _READ_AS_LOGS
 
 
