@@ -189,10 +189,13 @@ class _FileReader:
         self.first_event = len(records.events)
 
     def feed(self, line_no: int, raw: bytes) -> None:
-        if not self.open_tracebacks and self.report_mode is None and not self.matcher.could_match(raw):
-            return  # it holds an anchor but can match nothing, and no traceback or report is open: as ordinary
         line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
         rank = line.rank if line.rank is not None else self.artifact.rank
+        if not self.open_tracebacks and self.report_mode is None and not self.matcher.could_match(raw):
+            # It holds an anchor but can match nothing, and no traceback or report is open: only the census reads it.
+            if rank is not None:
+                self.records.ranks_seen.add(rank)
+            return
         text = line.text
         in_report = self._track_report(text, line_no)
         if in_report and self.report_entry is not None and rank is None:
