@@ -73,3 +73,19 @@ def test_a_bogus_prefix_does_not_make_a_million_silent_ranks(tmp_path):
     assert verdict["culprit_ranks"] == [1], verdict["summary"]
     assert verdict["facts"]["silent_ranks"] == [1]
     assert verdict["facts"]["ranks_seen"] == [0, 2]
+
+
+def test_logs_of_a_few_ranks_of_a_huge_job_name_no_million_candidates(tmp_path):
+    """Ranks 0 and 1048575 (within the rank limit) lose their peer: the logs are a sample of a large job, not its
+    census. A million silent ranks are counted, not listed as candidates, and the verdict is not sure."""
+    log = tmp_path / "job.log"
+    log.write_text(f"[rank0]:{PEER_LOST}\n[rank1048575]:{PEER_LOST}\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "torchtriage", "triage", "--json", str(log)], capture_output=True, text=True
+    )
+    verdict = json.loads(done.stdout)
+    assert verdict["culprit_ranks"] == []
+    assert "silent_ranks" not in verdict["facts"]
+    assert verdict["facts"]["silent_ranks_count"] == 1048574
+    assert verdict["confidence"] != "high"
+    assert len(done.stdout) < 100_000  # no list of a million ranks anywhere in the JSON

@@ -256,6 +256,10 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     return culprits, findings, facts
 
 
+# Past this many silent ranks the logs are a sample of a large job, not its census: they are counted, not listed.
+SILENT_LISTED_MAX = 4096
+
+
 def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     """Every rank that reports lost its connection to a peer and none timed out: the peer went away first.
     Ranks are numbered from 0, so a rank below the highest seen that appears in no line of the logs existed
@@ -264,9 +268,17 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     seen = records.ranks_seen
     if not seen:
         return [], [], {}
-    silent = sorted(set(range(max(seen) + 1)) - seen)
-    if not silent:
+    missing = max(seen) + 1 - len(seen)
+    if not missing:
         return [], [], {}
+    if missing > SILENT_LISTED_MAX:
+        message = (
+            f"{missing} ranks below the highest seen ({max(seen)}) appear in no line of the logs: the logs hold only "
+            "some ranks of a large job, so they cannot say which rank left first; give every rank's log"
+        )
+        finding = Finding("logs.silent_rank", [], message, "symptom", "hang", [], {"undecided": True})
+        return [], [finding], {"silent_ranks_count": missing}
+    silent = sorted(set(range(max(seen) + 1)) - seen)
     reporting = format_ranks(sorted(seen))
     message = (
         f"{format_ranks(silent)} appear{'s' if len(silent) == 1 else ''} in no line of the logs while {reporting} "
