@@ -130,3 +130,17 @@ def test_an_oom_after_a_megabyte_of_cr_ended_lines_is_the_verdict(tmp_path, data
     lines = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
     evidence = [e for f in verdict["findings"] for e in f["evidence"] if e.get("line")]
     assert any(lines[e["line"] - 1].decode() == OOM for e in evidence), evidence
+
+
+def test_a_tails_lines_are_numbered_as_the_scanner_numbers_them(tmp_path):
+    """Form feeds, separators (0x1c-0x1e) and U+2028 inside a line do not end it: the last line of a log that only
+    stops is named with its own number, and the finding quotes it whole."""
+    log = tmp_path / "job.log"
+    log.write_bytes(
+        "[rank0]: step 1 loss 2.1\x0cpage\u2028more\n[rank0]: step 2 loss 2.0\x1cx\x1dy\x1ez\n"
+        "[rank0]: step 3 still going\n".encode()
+    )
+    done = subprocess.run([sys.executable, "-m", "torchtriage", "triage", "--json", str(log)], capture_output=True)
+    verdict = json.loads(done.stdout)
+    stop = verdict["findings"][0]["evidence"][0]
+    assert (stop["line"], stop["text"]) == (3, "step 3 still going")

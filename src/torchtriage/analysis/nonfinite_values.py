@@ -23,7 +23,7 @@ from torchtriage.knowledge.linear_regex import compile_linear
 from torchtriage.knowledge.rules import Rule, default_rules
 from torchtriage.knowledge.stall import stall_knowledge
 from torchtriage.sources.lines import normalise, strip_ansi
-from torchtriage.sources.log_records import LogEvent, LogRecords, LogTail
+from torchtriage.sources.log_records import LogEvent, LogRecords, LogTail, text_lines
 from torchtriage.sources.logs import MAX_LINE_CHARS
 
 NONFINITE_VALUE = "nan_inf.nonfinite_value"
@@ -125,7 +125,7 @@ def _events_of(tail: LogTail, rules: dict[str, Rule], taken: set[tuple[str, int]
     text = tail.data.decode("utf-8", errors="replace")
     if not _WORTH_READING.search(text):
         return []  # no token, no loss scale: the usual tail costs this one search
-    raw = text.splitlines()
+    raw = text_lines(tail.data)
     events = [
         _event(rules[NONFINITE_VALUE], tail.file, line, {"value": reading.value} | _metric(reading))
         for line, reading in _first_strong_readings(tail, raw, taken)

@@ -76,6 +76,15 @@ class ChildFailure:
     traceback: str = ""
 
 
+def text_lines(data: bytes) -> list[str]:
+    """The lines of a tail's bytes as the scanner numbers them: ended by a newline only (the scanner has made a
+    lone CR one), never by the form feeds, separators and U+2028 that `str.splitlines` also breaks at."""
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 @dataclass
 class LogTail:
     """The last lines of one log, raw: where a log that shows no error stops is the evidence of a stall."""
@@ -104,7 +113,7 @@ class LogTail:
         if self._normalised is not None:
             return self._normalised
         out = []
-        for number, raw in enumerate(self.data.decode("utf-8", errors="replace").splitlines(), self.first_line):
+        for number, raw in enumerate(text_lines(self.data), self.first_line):
             line = normalise(raw[:MAX_LINE_CHARS])
             rank = line.rank if line.rank is not None else self.rank
             out.append((number, line.text, rank, line.severity or _level(line.text)))
