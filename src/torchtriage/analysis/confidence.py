@@ -8,6 +8,8 @@ error) medium, an aftermath low. A cause in itself is still only medium when
   (`analysis.cascades` already hands the error to a library that reported first);
 - the logs show a cause of another category that they do not establish came later, or one that came later
   and is more specific (an uncorrectable ECC error after the illegal memory access it caused).
+A line that restates a verdict of torchtriage's own (the hang watchdog's, which `torchtriage run` prints on the
+job's console) is never surer than that verdict: it adds no evidence to it.
 Readings of absence (where a log stops, a rank that printed nothing) are never high: they are made by
 `analysis.stall` and `analysis.collective_timeouts` at low or medium. `benchmarks/triage_eval.py` prints how
 often each level is right on labelled logs.
@@ -23,6 +25,11 @@ from torchtriage.model import Confidence
 from torchtriage.sources.log_records import LogEvent, LogRecords
 
 _CEILING = {"primary": Confidence.HIGH, "symptom": Confidence.MEDIUM, "collateral": Confidence.LOW}
+# The facts by which a line that restates a verdict of torchtriage's own names that verdict's file and its
+# confidence (rule hang.watchdog_verdict captures them from the line `torchtriage run` prints). Fusion never
+# counts such a line as a witness beside the stacks and dumps the verdict was made of.
+RESTATED_VERDICT = "verdict_file"
+RESTATED_CONFIDENCE = "watchdog_confidence"
 
 
 class Reading(Protocol):
@@ -40,11 +47,22 @@ class Reading(Protocol):
 
 def calibrated(primary: Reading, candidates: list[Reading], records: LogRecords) -> tuple[Confidence, list[str]]:
     """The confidence the verdict naming `primary` deserves, and what keeps it below its role's ceiling."""
-    ceiling = _CEILING[primary.role]
+    ceiling = min(_CEILING[primary.role], _restated_confidence(primary), key=list(Confidence).index)
     if ceiling is not Confidence.HIGH:
         return ceiling, []
     doubts = [doubt for doubt in (_library_beside(primary, candidates, records), _rival(primary, candidates)) if doubt]
     return (Confidence.MEDIUM if doubts else Confidence.HIGH), doubts
+
+
+def _restated_confidence(primary: Reading) -> Confidence:
+    """The confidence of the verdict `primary`'s line restates, if it restates one that names it; else high."""
+    facts = primary.event.facts if primary.event is not None else {}
+    if RESTATED_VERDICT not in facts:
+        return Confidence.HIGH
+    try:
+        return Confidence(facts.get(RESTATED_CONFIDENCE))
+    except ValueError:  # the line of an earlier release names no confidence
+        return Confidence.HIGH
 
 
 def _library_beside(primary: Reading, candidates: list[Reading], records: LogRecords) -> str | None:

@@ -8,7 +8,8 @@ culprits it singles out); fusion then
 - names the culprit of a hang from the most telling source that names one: the flight recorder (which
   collective each rank reached), then the stacks (where each rank is), then the logs' timeout readings;
 - says whether the sources agree, lists both sides when they do not, and names the sources it used and
-  those it lacked;
+  those it lacked; a line restating a verdict of torchtriage's own (the hang watchdog's, on `run`'s console)
+  agrees with the very stacks and dumps that verdict was made of, so it is shown but never counted as agreeing;
 - routes the findings to their actions through the knowledge base: the finding that blames the culprits
   first, then the headline, then the rest.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from torchtriage.analysis.confidence import RESTATED_VERDICT
 from torchtriage.knowledge.actions import route
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import Assessment, Category, Confidence, Finding, RankState, Role, Verdict
@@ -89,6 +91,15 @@ def _waits_for_another(assessment: Assessment, present: dict[str, Assessment]) -
     return all(states.get(str(rank)) in _WAITING_FOR_A_PEER for rank in idle)
 
 
+def restates_a_verdict(assessment: Assessment) -> bool:
+    """Whether the culprits a source names come from a line restating a verdict of torchtriage's own: the hang
+    watchdog's, made of the stacks and flight-recorder buffers of the same stall, which `diagnose` reads beside
+    the console that restates it. Agreeing with them, it says nothing they do not; so it never raises the
+    confidence. Where it differs, the evidence or its reading changed since: that is said, and lowers it."""
+    blaming = assessment.blaming
+    return blaming is not None and RESTATED_VERDICT in blaming.facts
+
+
 def _category(lead: Assessment, present: dict[str, Assessment], diagnosing_a_hang: bool) -> str:
     hang_sources = [a for name, a in present.items() if name in HANG_SOURCES]
     if lead.category in _HANG_FAMILY:
@@ -110,7 +121,9 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
         return [], False, False
     comparable = {name: a for name, a in present.items() if a is lead or name in HANG_SOURCES}
     named = {name: a.culprits for name, a in comparable.items() if a.culprits}
-    agree = [name for name, ranks in named.items() if ranks == culprits]
+    # A source that restates a verdict of ours agrees with the evidence that verdict was made of: it is shown,
+    # never counted as a witness of its own.
+    agree = [name for name, ranks in named.items() if ranks == culprits and not restates_a_verdict(comparable[name])]
     # A source that names more ranks, the lead's among them, only says less: the stacks of two ranks in two
     # groups' collectives cannot tell which departed, the flight recorder's order can.
     # A source that only guesses (low confidence) is said to differ, and lowers nothing.

@@ -14,10 +14,10 @@ rank that is not where the others wait. The rest is said with the confidence it 
 from __future__ import annotations
 
 import math
-import re
 import statistics
 from dataclasses import dataclass
 
+from torchtriage.analysis.log_head import starts_mid_message
 from torchtriage.analysis.positions import describe, position_of
 from torchtriage.analysis.stacks import analyze_positions, assess_stacks
 from torchtriage.knowledge.stall import StallKnowledge, stall_knowledge
@@ -88,8 +88,7 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     failures = [
         item for item in window if item[0] not in framed and item[0] not in reports and known.shows_failure(item[1])
     ]
-    first = next((text for _, text, _ in lines if text.strip()), "")
-    cut_at_start = tail.first_line == 1 and _starts_mid_message(first)
+    cut_at_start = starts_mid_message(tail)
     worlds = [w for w in map(known.world_size_in, (text for _, text, _ in lines)) if w]
     diverged = _loss_diverged(lines, known)
     return TailReading(
@@ -148,32 +147,6 @@ def census(records: LogRecords, readings: list[TailReading]) -> tuple[int | None
     if world is None or not seen or world > _CENSUS_MAX or max(seen) >= world:
         return world, []
     return world, sorted(set(range(world)) - seen)
-
-
-def _starts_mid_message(text: str) -> bool:
-    """A first line that continues something: a frame or source line of a traceback, an indented or
-    lower-case continuation, a C++ frame."""
-    stripped = text.strip()
-    return bool(stripped) and (
-        text[:1].isspace()
-        or stripped.startswith(('File "', "frame #", "^"))
-        or stripped[:1].islower()
-        or _NATIVE_FRAME.match(stripped) is not None
-    )
-
-
-# A native frame of a backtrace: gdb's "#3  0x00007f... in f ()", UCX's and glibc's "3 0x0000000000014420 f()".
-_NATIVE_FRAME = re.compile(r"#?\d{1,4}\s+0x[0-9a-fA-F]{4,16}\b")
-
-
-def starts_mid_message(tail: LogTail) -> bool:
-    """Whether a log (whose tail is all of it) begins inside a message: a paste that starts after what
-    came first. Reads only its first lines."""
-    if tail.first_line != 1:
-        return False
-    head = LogTail(tail.file, tail.rank, 1, tail.data[:4096].rsplit(b"\n", 1)[0])
-    first = next((text for _, text, _ in head.lines() if text.strip()), "")
-    return _starts_mid_message(first)
 
 
 def what_was_seen(records: LogRecords, known: StallKnowledge | None = None) -> tuple[dict, list[Finding]]:

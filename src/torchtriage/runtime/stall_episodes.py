@@ -16,7 +16,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-from torchtriage.protocol import REQUEST_FILE
+from torchtriage.protocol import REQUEST_FILE, make_private_folders, new_private_folder
 from torchtriage.protocol import WATCHDOG_STORE_PREFIX as STORE_PREFIX
 
 EARLIER_SUBDIR = ".earlier"
@@ -60,18 +60,27 @@ def archive_earlier(folder: Path) -> Path | None:
         return None
     if not entries:
         return None
-    target = folder / EARLIER_SUBDIR / time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    suffix = 0
-    while target.exists():
-        suffix += 1
-        target = target.with_name(f"{target.name.split('-')[0]}-{suffix}")
-    target.mkdir(parents=True, mode=0o700)
+    target = _new_earlier_folder(folder / EARLIER_SUBDIR)
     for entry in entries:
         try:
             os.replace(entry, target / entry.name)
         except OSError:
             continue  # another rank's file being replaced right now: it stays, the move goes on
     return target
+
+
+def _new_earlier_folder(earlier: Path) -> Path:
+    """A new folder in `earlier`, named by the time: private (0700), as the stacks moved into it are."""
+    make_private_folders(earlier)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    suffix = 0
+    while True:
+        target = earlier / (f"{stamp}-{suffix}" if suffix else stamp)
+        try:
+            new_private_folder(target)
+            return target
+        except FileExistsError:
+            suffix += 1  # an earlier stall in the same second
 
 
 def _kept(name: str) -> bool:

@@ -46,6 +46,7 @@ from torchtriage.protocol import (
     VERDICT_STEM,
     hang_dir,
     make_private_folders,
+    open_private,
     request_folder,
     request_token,
     write_whole,
@@ -302,15 +303,22 @@ class HangWatchdog:
         if _ProgramTimers.armed:
             self._backstop_armed = False
             return
-        path = self.out_dir / f"faulthandler-rank{self.rank if self.rank is not None else os.getpid()}.txt"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
             if not hasattr(self, "_backstop_file"):
-                self._backstop_file = open(path, "w")  # noqa: SIM115 - kept open for faulthandler
+                self._backstop_file = self._open_backstop_file()
             _FAULTHANDLER_ARM(self.stall_seconds * 2 + 30, repeat=False, file=self._backstop_file)
             self._backstop_armed = True
         except (OSError, ValueError, RuntimeError):
             pass
+
+    def _open_backstop_file(self):
+        """The file faulthandler writes every thread's stack into, kept open: private (0600, in a 0700 folder) like
+        every stack the watchdog writes. A file an earlier run of this rank left is replaced, never written
+        through (it may be a link planted at its name)."""
+        make_private_folders(self.out_dir)
+        path = self.out_dir / f"faulthandler-rank{self.rank if self.rank is not None else os.getpid()}.txt"
+        path.unlink(missing_ok=True)
+        return os.fdopen(open_private(path), "w")
 
     def _cancel_backstop(self) -> None:
         if self._backstop_armed and not _ProgramTimers.armed:
