@@ -69,3 +69,18 @@ def test_every_file_and_folder_the_watchdog_writes_is_private(tmp_path):
     folders = {p for p in found if (run_dir / p).is_dir()}
     assert {p: f"{m:04o}" for p, m in found.items() if m != (0o700 if p in folders else 0o600)} == {}
     assert os.stat(run_dir).st_mode & 0o077 == 0  # `run` made the run folder private
+
+
+def test_a_request_made_before_any_rank_made_the_hang_folder_makes_it_private(tmp_path):
+    """`diagnose --pid` may ask for fresh dumps before a rank has made `hang/`: the folder it makes is 0700, as the
+    ranks would have made it, whatever the umask."""
+    from torchtriage.protocol import write_request
+
+    folder = tmp_path / "run" / "hang"
+    old = os.umask(0o022)
+    try:
+        write_request(folder, "token1")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert stat.S_IMODE(folder.parent.stat().st_mode) == 0o700

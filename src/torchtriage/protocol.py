@@ -157,7 +157,7 @@ def request_folder(folder: Path, token: str) -> Path:
 
 def write_request(folder: Path, token: str) -> None:
     """Ask every armed rank whose hang folder is `folder` for a fresh dump into request_folder(token)."""
-    folder.mkdir(parents=True, exist_ok=True)
+    make_private_folders(folder)  # the hang folder of a job whose ranks have not made it yet: private, as they make it
     write_whole(folder / REQUEST_FILE, f"requested by torchtriage diagnose at {time.time():.0f}\nid {token}\n")
 
 
