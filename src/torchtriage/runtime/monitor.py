@@ -10,27 +10,33 @@ Per step and rank, with no host-device synchronisation on the hot path:
 
 - `wall`: from one step boundary to the next;
 - `data`: time blocked in a DataLoader iterator's `__next__` (the iterator class is wrapped);
-- `forward`: CPU time from the step's start to its first backward, less the data wait in it
-  (`torch.autograd.backward` is wrapped): the work itself on a CPU job, the time to launch it on a GPU;
+- `forward`: host time from the forward's start to the first backward (`torch.autograd.backward` is
+  wrapped): the work itself on a CPU job, its launch on a GPU. The forward starts at the batch's arrival
+  (the return of the last `__next__` before the first backward) or, later, at the end of DDP's
+  pre-forward (`DistributedDataParallel._pre_forward` is wrapped), whose buffer broadcast waits for every
+  rank; without either, at the step's start, less its data wait;
 - `backward`, `optimizer`: the backward call (with DDP, it holds the wait for the other ranks'
   gradients) and the optimizer's step (global optimizer step hooks);
-- `gpu`, `gpu_step`: on CUDA, the device's time from the step's start to its first backward, and to
-  the step's end (with NCCL, the latter holds the device's wait in the all-reduce), from CUDA events
-  recorded at those points on every fifth step (from a pool), read a few steps later once they are
-  done (`Event.query`, never a wait);
+- `gpu`: on CUDA, the device's forward, between two CUDA events: one recorded at the forward's start,
+  which completes once the device has done all before (so it holds neither the data wait nor the
+  previous step nor a wait for a peer), one at the first backward; `gpu_step`: from the first to one at
+  the step's end; `host_paced`: whether the device's forward was done by the time the host had launched
+  the backward (`Event.query`, never a wait): the device waited for its host. Events come from a pool, on
+  sampled steps (at least five a window, at most one step in five: each costs a few driver calls), read a
+  few steps later once done;
 - tokens/s and samples/s when told the tokens or batch size, MFU when also told the model's flops per
   token (or given the model: 6 × parameters, dense transformers) and the device's peak flops;
   peak allocated and reserved CUDA memory (the allocator's counters: no synchronisation).
 
-Every `window` steps each rank writes one line of `DIR/monitor/steps-rank{R}.jsonl`, and the ranks
-exchange a few numbers: one asynchronous all-gather of four floats per rank on a gloo group of the
-monitor's own, created by every rank at the first window boundary. Every rank reaches each boundary
-at the same optimizer-step count (data parallelism needs the same number of optimizer steps on every
-rank anyway), so the group's collectives are issued in the same order everywhere and cannot
-desynchronise the job; none of them is waited for: the result is read in a later step once it has
-arrived, so no rank that is ahead ever blocks. Then every rank decides the same (`straggler`), and
-rank 0 appends the decisions to `DIR/monitor/stragglers.jsonl` and logs one line each that `triage`
-reads (rules `straggler.monitor*`).
+Every `window` steps each rank writes one line of `DIR/monitor/steps-rank{R}.jsonl` (`step_phases`: each
+phase's median, its spread and its count), and the ranks exchange those numbers: one asynchronous
+all-gather per window on a gloo group of the monitor's own, made by every rank when the monitor starts
+after the job's process group, or right after `init_process_group`. Every rank reaches each boundary at
+the same optimizer-step count (data parallelism needs the same number of optimizer steps on every rank
+anyway), so the group's collectives are issued in the same order everywhere and cannot desynchronise the
+job; none of them is waited for: the result is read in a later step once it has arrived, so no rank that
+is ahead ever blocks. Then every rank decides the same (`straggler`), and rank 0 appends the decision to
+`DIR/monitor/stragglers.jsonl` and logs one line that `triage` reads (rules `straggler.monitor*`).
 """
 
 from __future__ import annotations
@@ -47,15 +53,15 @@ from pathlib import Path
 from typing import Any
 
 from torchtriage.protocol import MONITOR_SUBDIR, MONITOR_WINDOW_ENV, RUN_DIR_ENV
-from torchtriage.runtime import straggler
+from torchtriage.runtime import step_phases, straggler
 
 logger = logging.getLogger("torchtriage.monitor")
 
 DEFAULT_WINDOW = 50
-SCHEMA = "torchtriage.monitor/1"
-_EXCHANGED = ("wall", "data", "forward", "gpu")
+SCHEMA = "torchtriage.monitor/2"
 _GIB = 1024**3
-GPU_SAMPLE_EVERY = 5
+GPU_SAMPLE_EVERY = 5  # at most one step in five carries CUDA events ...
+GPU_SAMPLES_PER_WINDOW = 5  # ... and at least five steps of each window do, for the window's median
 
 
 class _Clock:
@@ -68,11 +74,14 @@ class _Clock:
         self.start = now
         self.data = 0.0
         self.data_before_backward = 0.0
+        self.forward_from: float | None = None  # the batch's arrival or DDP's pre-forward end, the later
         self.backward = 0.0
         self.backward_start: float | None = None
+        self.backward_ended = False
         self.optimizer = 0.0
         self.optimizer_start: float | None = None
         self.backward_event = None
+        self.host_paced: bool | None = None
 
 
 _ACTIVE: list[StepMonitor] = []  # the monitors the wrapped functions report to (usually one)
@@ -94,14 +103,15 @@ def _install_patches() -> None:
 
         def timed_next(self):
             began = time.perf_counter()
+            arrived = False
             try:
-                return original_next(self)
+                batch = original_next(self)
+                arrived = True
+                return batch
             finally:
-                spent = time.perf_counter() - began
+                now = time.perf_counter()
                 for monitor in _ACTIVE:
-                    monitor._clock.data += spent
-                    if monitor._clock.backward_start is None:
-                        monitor._clock.data_before_backward += spent
+                    monitor._data_waited(now - began, now if arrived else None)
 
         def timed_backward(*args, **kwargs):
             began = time.perf_counter()
@@ -112,7 +122,7 @@ def _install_patches() -> None:
             finally:
                 spent = time.perf_counter() - began
                 for monitor in _ACTIVE:
-                    monitor._clock.backward += spent
+                    monitor._backward_ends(spent)
 
         def before_optimizer(optimizer, args, kwargs):
             now = time.perf_counter()
@@ -132,6 +142,7 @@ def _install_patches() -> None:
         _ORIGINALS["backward"] = original_backward
         iterator.__next__ = timed_next
         torch.autograd.backward = timed_backward
+        _wrap_ddp_pre_forward(torch)
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
         _ORIGINALS["hooks"] = (
@@ -139,6 +150,28 @@ def _install_patches() -> None:
             register_optimizer_step_post_hook(after_optimizer),
         )
         _wrap_init_process_group(torch)
+
+
+def _wrap_ddp_pre_forward(torch) -> None:
+    """The forward starts once DDP's pre-forward is done: it broadcasts the module's buffers from rank 0 (by
+    default, on every forward of a module that has buffers), a collective that waits for every rank: a rank
+    that waits there for a slower one is not computing."""
+    ddp = getattr(torch.nn.parallel, "DistributedDataParallel", None)
+    original = getattr(ddp, "_pre_forward", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def pre_forward(self, *args, **kwargs):
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            now = time.perf_counter()
+            for monitor in _ACTIVE:
+                monitor._forward_starts(now)
+
+    _ORIGINALS["ddp_pre_forward"] = original
+    ddp._pre_forward = pre_forward
 
 
 def _wrap_init_process_group(torch) -> None:
@@ -172,6 +205,8 @@ def _remove_patches() -> None:
             return
         dataloader._BaseDataLoaderIter.__next__ = _ORIGINALS.pop("next")
         torch.autograd.backward = _ORIGINALS.pop("backward")
+        if "ddp_pre_forward" in _ORIGINALS:
+            torch.nn.parallel.DistributedDataParallel._pre_forward = _ORIGINALS.pop("ddp_pre_forward")
         for handle in _ORIGINALS.pop("hooks"):
             handle.remove()
         if "init" in _ORIGINALS:
@@ -230,6 +265,8 @@ class StepMonitor:
         self._rows: list[dict[str, Any]] = []
         self._events: deque = deque()  # (row, start, backward or None, end event) waiting for the device
         self._start_event = None
+        self._sample_every = max(1, min(GPU_SAMPLE_EVERY, self.window // GPU_SAMPLES_PER_WINDOW))
+        self._thread = threading.get_ident()  # the training loop's: a batch fetched elsewhere is no step's start
         self._pending: deque = deque()  # (first, last, work, gathered) exchanges not read yet
         self._decider = straggler.Decider()
         self._group = None  # the exchange's gloo group; False: it could not be made
@@ -247,6 +284,7 @@ class StepMonitor:
             dist = self._dist()
             if dist is not None and dist.is_initialized():
                 self._make_group()  # started after the job's group: every rank starts its monitor at one point
+            self._thread = threading.get_ident()
             self._clock.reset(time.perf_counter())
             self._record_start_event()
         return self
@@ -300,13 +338,28 @@ class StepMonitor:
         return self._cuda().Event(enable_timing=True)
 
     def _record_start_event(self) -> None:
-        # Each event costs a driver call or two (record, query, elapsed): every GPU_SAMPLE_EVERY-th step
-        # is timed, enough for a window's median.
-        if self._cuda() is None or self.steps % GPU_SAMPLE_EVERY:
+        # Each event costs a driver call or two (record, query, elapsed): sampled steps only. Recorded at the
+        # step's boundary, and again where its forward starts (_forward_starts), if it does.
+        if self._cuda() is None or self.steps % self._sample_every:
             self._start_event = None
             return
         self._start_event = self._event()
         self._start_event.record()
+
+    def _data_waited(self, spent: float, arrived_at: float | None) -> None:
+        self._clock.data += spent
+        if self._clock.backward_start is None:
+            self._clock.data_before_backward += spent
+            if arrived_at is not None:
+                self._forward_starts(arrived_at)
+
+    def _forward_starts(self, now: float) -> None:
+        """A batch arrived, or DDP's pre-forward collectives are done: the forward starts here, unless a later
+        one comes before the first backward."""
+        if self._clock.backward_start is None and threading.get_ident() == self._thread:
+            self._clock.forward_from = now
+            if self._start_event is not None:
+                self._start_event.record()  # completes once the device has done all before: this step's start
 
     def _backward_starts(self, now: float) -> None:
         if self._clock.backward_start is not None:
@@ -316,21 +369,38 @@ class StepMonitor:
             self._clock.backward_event = self._event()
             self._clock.backward_event.record()
 
+    def _backward_ends(self, spent: float) -> None:
+        clock = self._clock
+        clock.backward += spent
+        if not clock.backward_ended:
+            clock.backward_ended = True
+            if clock.backward_event is not None:
+                # Done already: the device finished the forward before the host had launched the backward,
+                # so the device waited for its host. Not done: the host was ahead. (A query, never a wait.)
+                clock.host_paced = clock.backward_event.query()
+
     def step(self, tokens: float | None = None, samples: float | None = None) -> None:
         """End of a step: record what it spent; at a window's end, write and exchange."""
         if not self._started:
             self.start()
         now = time.perf_counter()
         clock = self._clock
-        ahead = (clock.backward_start if clock.backward_start is not None else now) - clock.start
+        ahead = clock.backward_start if clock.backward_start is not None else now
+        if clock.forward_from is not None:
+            forward = ahead - clock.forward_from
+        else:  # no batch from a DataLoader before the backward: from the step's start, less its data wait
+            forward = max(0.0, ahead - clock.start - clock.data_before_backward)
+        wall = now - clock.start
         row = {
-            "wall": now - clock.start,
+            "wall": wall,
             "data": clock.data,
-            "forward": max(0.0, ahead - clock.data_before_backward),
+            "forward": forward,
+            "outside": max(0.0, wall - clock.data - forward),
             "backward": clock.backward,
             "optimizer": clock.optimizer,
             "gpu": None,
             "gpu_step": None,
+            "host_paced": clock.host_paced,
             "tokens": tokens if tokens is not None else self.tokens_per_step,
             "samples": samples if samples is not None else self.samples_per_step,
         }
@@ -343,7 +413,7 @@ class StepMonitor:
         clock.reset(now)
         self._record_start_event()
         window_ends = self.steps % self.window == 0
-        if window_ends or self.steps % GPU_SAMPLE_EVERY == 0:  # a query is a driver call: sampled steps only
+        if window_ends or self.steps % GPU_SAMPLE_EVERY == 0:  # a query is a driver call: now and then only
             self._read_events()
         self._read_exchanges()
         if window_ends:
@@ -379,22 +449,13 @@ class StepMonitor:
             sum(r["samples"] for r in rows if r["samples"] is not None) if rows[0]["samples"] is not None else None
         )
         tokens_per_s = tokens / total if tokens is not None and total > 0 else None
-        summary = {
-            "schema": SCHEMA,
-            "rank": self._rank(),
-            "first_step": first,
-            "last_step": last,
-            "step_ms_p50": round(statistics.median(walls) * 1000, 3),
+        summary = {"schema": SCHEMA, "rank": self._rank(), "first_step": first, "last_step": last}
+        summary |= step_phases.window_record(rows)  # what the decision reads, exchanged as written
+        summary |= {
             "step_ms_max": round(max(walls) * 1000, 3),
-            "data_ms": ms("data"),
-            "forward_ms": ms("forward"),
             "backward_ms": ms("backward"),
             "optimizer_ms": ms("optimizer"),
-            "gpu_forward_ms": ms("gpu"),
             "gpu_step_ms": ms("gpu_step"),
-            # what remains of the step outside this rank's own work: its wait in collectives (DDP's
-            # all-reduce inside the backward), the backward's own compute and the optimizer
-            "outside_own_ms": round(statistics.median(r["wall"] - r["data"] - r["forward"] for r in rows) * 1000, 3),
             "tokens_per_s": tokens_per_s,
             "samples_per_s": samples / total if samples is not None and total > 0 else None,
             "mfu": (
@@ -411,18 +472,16 @@ class StepMonitor:
 
     def _exchange(self, first: int, last: int, summary: dict[str, Any]) -> None:
         dist = self._dist()
-        mine = [summary["step_ms_p50"], summary["data_ms"], summary["forward_ms"], summary["gpu_forward_ms"]]
         if dist is None or dist.get_world_size() < 2:
-            self._decide(first, last, {self._rank(): dict(zip(_EXCHANGED, mine, strict=True))})
+            self._decide(first, last, {self._rank(): step_phases.decision_input(summary)})
             return
+        if not self._group:
+            return  # no group of its own (made at start only): no rank can decide for the job alone
         import torch
 
-        if not self._group:  # no group of its own (made at start only): this rank decides on its own numbers
-            self._decide(first, last, {self._rank(): dict(zip(_EXCHANGED, mine, strict=True))})
-            return
         world = dist.get_world_size()
-        payload = torch.tensor([-1.0 if v is None else v for v in mine], dtype=torch.float64)
-        gathered = torch.zeros(world * len(mine), dtype=torch.float64)
+        payload = torch.tensor(step_phases.exchanged(summary), dtype=torch.float64)
+        gathered = torch.zeros(world * len(step_phases.EXCHANGED), dtype=torch.float64)
         gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # renamed in torch 2.13
         work = gather(gathered, payload, group=self._group, async_op=True)
         self._pending.append((first, last, work, gathered))
@@ -432,11 +491,8 @@ class StepMonitor:
         while self._pending and self._pending[0][2].is_completed():
             first, last, work, gathered = self._pending.popleft()
             work.wait()  # completed: returns at once, and raises what the exchange raised
-            values = gathered.view(-1, len(_EXCHANGED)).tolist()
-            stats = {
-                rank: {k: (None if v < 0 else v / 1000.0) for k, v in zip(_EXCHANGED, row, strict=True)}
-                for rank, row in enumerate(values)
-            }
+            values = gathered.view(-1, len(step_phases.EXCHANGED)).tolist()
+            stats = {rank: step_phases.from_exchanged(row) for rank, row in enumerate(values)}
             self._decide(first, last, stats)
             read = True
         return read

@@ -1,7 +1,7 @@
 """The step monitor's files in a run folder: each rank's windows and the straggler decisions.
 
-    DIR/monitor/steps-rank<R>.jsonl   one line per window (schema torchtriage.monitor/1)
-    DIR/monitor/stragglers.jsonl      one line per decision (torchtriage.straggler/1)
+    DIR/monitor/steps-rank<R>.jsonl   one line per window (schema torchtriage.monitor/2, or /1 of older runs)
+    DIR/monitor/stragglers.jsonl      one line per decision (torchtriage.straggler/2, or /1)
 
 A line that is not one of these records (cut off by a crash, hand-edited) is skipped and counted.
 """
@@ -17,6 +17,10 @@ from typing import Any
 from torchtriage.protocol import MONITOR_SUBDIR
 
 _STEPS_FILE = re.compile(r"^steps-rank(\d{1,7})\.jsonl$")
+# The versions read: /2 times the forward from the batch's arrival and adds each phase's spread; /1's fields
+# keep their own meaning and are shown as recorded.
+_WINDOW_SCHEMAS = ("torchtriage.monitor/1", "torchtriage.monitor/2")
+_DECISION_SCHEMAS = ("torchtriage.straggler/1", "torchtriage.straggler/2")
 _MAX_LINES = 200_000  # per file: a week of 50-step windows at one step a second is 12,096
 
 
@@ -27,7 +31,7 @@ class MonitorRecords:
     problems: list[str] = field(default_factory=list)
 
 
-def _records(path: Path, schema: str, problems: list[str]) -> list[dict[str, Any]]:
+def _records(path: Path, schemas: tuple[str, ...], problems: list[str]) -> list[dict[str, Any]]:
     found, bad = [], 0
     try:
         with open(path, encoding="utf-8", errors="replace") as lines:
@@ -40,7 +44,7 @@ def _records(path: Path, schema: str, problems: list[str]) -> list[dict[str, Any
                 except ValueError:
                     bad += 1
                     continue
-                if isinstance(record, dict) and record.get("schema") == schema:
+                if isinstance(record, dict) and record.get("schema") in schemas:
                     found.append(record)
                 else:
                     bad += 1
@@ -62,10 +66,10 @@ def read_monitor(folder: str | Path) -> MonitorRecords | None:
     for path in sorted(base.iterdir()):
         match = _STEPS_FILE.match(path.name)
         if match and path.is_file():
-            windows = _records(path, "torchtriage.monitor/1", records.problems)
+            windows = _records(path, _WINDOW_SCHEMAS, records.problems)
             if windows:
                 records.windows[int(match.group(1))] = sorted(windows, key=lambda w: w.get("last_step", 0))
     decisions = base / "stragglers.jsonl"
     if decisions.is_file():
-        records.decisions = _records(decisions, "torchtriage.straggler/1", records.problems)
+        records.decisions = _records(decisions, _DECISION_SCHEMAS, records.problems)
     return records if records.windows or records.decisions else None
