@@ -127,15 +127,16 @@ def main() -> None:
         "--cpu", action="store_true", help="the jobs on CPU + gloo, tiny: checks them, records nothing useful"
     )
     parser.add_argument("--archive", action="store_true", help="pack every case's folder into OUT/monitor_gpu.tar.gz")
+    parser.add_argument("--seconds", type=float, default=TOTAL_SECONDS, help="the whole recording's budget")
     args = parser.parse_args()
     print(f"recording on {check_device(args.cpu)}", flush=True)
-    deadline = time.monotonic() + TOTAL_SECONDS
+    deadline = time.monotonic() + args.seconds
     ran = True
     for index, case in enumerate(args.cases):
         left = deadline - time.monotonic()
         share = left / (len(args.cases) - index)  # what is left, shared among the cases still to run
         if share < 30:
-            print(f"{case:8s} not run: {left:.0f} s left of the {TOTAL_SECONDS} s budget", flush=True)
+            print(f"{case:8s} not run: {left:.0f} s left of the {args.seconds:.0f} s budget", flush=True)
             ran = False
             continue
         ran = record_case(case, args.out, args.cpu, min(share * 1.5, left)) and ran
