@@ -82,6 +82,7 @@ class SourceKind(_Vocabulary):
     MEMORY_SNAPSHOT = "memory_snapshot"
     MEMORY_TIMELINE = "memory_timeline"
     NVIDIA = "nvidia"
+    IDENTITY = "identity"  # a rank's record of where it runs: host, pid, GPU (runtime/identity.py)
     TORCHTRIAGE_OUTPUT = "torchtriage_output"
     DOCUMENT = "document"  # notes, pages, pictures, source code: not evidence
     UNKNOWN = "unknown"
@@ -242,6 +243,50 @@ class Assessment:
 
 
 @dataclass(frozen=True)
+class Machine:
+    """Where one rank ran: its host, its process and its GPU, as far as the sources say (None: none said).
+
+    An operator acts on machines (drain a host, reset a GPU), not on ranks: every verdict names the culprit's.
+    `gpu_index` is the device's index in the rank's own CUDA_VISIBLE_DEVICES; the UUID and PCI bus id name the
+    card as `nvidia-smi` does. `sources` says which kinds of source told (identity, capture, stacks)."""
+
+    rank: int
+    host: str | None = None
+    pid: int | None = None
+    gpu_index: int | None = None
+    gpu_uuid: str | None = None
+    gpu_pci_bus_id: str | None = None
+    local_rank: int | None = None
+    attempt: int | None = None
+    sources: tuple[str, ...] = ()
+
+    @property
+    def known(self) -> bool:
+        return self.host is not None or self.pid is not None or self.gpu_uuid is not None
+
+    def filled_from(self, other: Machine) -> Machine:
+        """This machine, its unknown fields taken from `other` (a source that says less, or says it later)."""
+        values = {
+            name: getattr(self, name) if getattr(self, name) is not None else getattr(other, name)
+            for name in ("host", "pid", "gpu_index", "gpu_uuid", "gpu_pci_bus_id", "local_rank", "attempt")
+        }
+        return Machine(self.rank, **values, sources=tuple(dict.fromkeys(self.sources + other.sources)))
+
+    @property
+    def text(self) -> str:
+        """`host a17, pid 4242, GPU 3 (GPU-8f0c..., 00000000:19:00.0)`: what is known, in the order one acts."""
+        parts = [f"host {self.host}" if self.host is not None else "host not recorded"]
+        if self.pid is not None:
+            parts.append(f"pid {self.pid}")
+        card = ", ".join(x for x in (self.gpu_uuid, self.gpu_pci_bus_id) if x)
+        if self.gpu_index is not None:
+            parts.append(f"GPU {self.gpu_index}" + (f" ({card})" if card else ""))
+        elif card:
+            parts.append(f"GPU {card}")
+        return ", ".join(parts)
+
+
+@dataclass(frozen=True)
 class Action:
     rule: str  # the knowledge-base entry it comes from
     title: str
@@ -261,16 +306,24 @@ class Verdict:
     facts: dict[str, Any] = field(default_factory=dict)
     sources: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # inputs that could not be (fully) read
+    # Where each culprit rank ran, as far as any source read says (analysis/machines.py).
+    culprit_machines: list[Machine] = field(default_factory=list)
 
     @property
     def diagnosed_problem(self) -> bool:
         return bool(self.findings)
+
+    def machine_of(self, rank: int) -> Machine:
+        """Where `rank` ran, as the sources read say; a Machine with nothing known when none said."""
+        return next((m for m in self.culprit_machines if m.rank == rank), Machine(rank))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         for finding in data["findings"]:
             finding.pop("facts", None)  # the inputs of the actions' templates, not part of the schema
         data["schema"] = SCHEMA
+        # One entry per culprit rank, in their order; a rank no source placed has every field null and no sources.
+        data["culprit_machines"] = [asdict(self.machine_of(rank)) for rank in self.culprit_ranks]
         # Keys in a fixed, readable order: the schema first, then what a person reads first.
         order = ["schema", "category", "culprit_ranks", "summary", "confidence"]
         return {key: data[key] for key in order} | {k: v for k, v in data.items() if k not in order}

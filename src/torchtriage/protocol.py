@@ -16,6 +16,10 @@ here, so neither imports the other.
     DIR/monitor/steps-rank<R>.jsonl   with --monitor: one line per window of each rank's step timings
     DIR/monitor/stragglers.jsonl   with --monitor: the straggler decisions (rank 0)
     DIR/run-exit.json              how the job ended (`run`): the launcher's exit code or signal, its start and end
+    DIR/identity/rank<N>.json      where each rank runs: host, pid, local rank, GPU (index, UUID, PCI bus id), attempt
+    DIR/.attempt-<n>/              the same files of the n-th attempt (n >= 1) when the launcher restarted the job's
+                                   workers (torchrun --max-restarts) or `run` was started again on DIR (a requeue):
+                                   DIR itself holds attempt 0, and no attempt writes over another's files
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ import errno
 import hashlib
 import os
 import re
+import socket
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 RUN_DIR_ENV = "TORCHTRIAGE_RUN_DIR"
@@ -49,6 +55,59 @@ DEBUG_SERVER_STORE_PREFIX = "debug_server/"
 DEBUG_SERVER_WORLD_KEY = "torchtriage/debug_server/world_size"
 # Keys the watchdogs of one job share in its c10d store.
 WATCHDOG_STORE_PREFIX = "torchtriage/watchdog/"
+# Each rank's identity record (runtime/identity.py writes it at start, sources/identity.py reads it).
+IDENTITY_SUBDIR = "identity"
+IDENTITY_SCHEMA = "torchtriage.identity/1"
+# The launcher's count of restarts of the workers (torchelastic sets it in every worker: 0, 1, 2 ...).
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+# Set by `run`: the number of the attempt its launcher's first workers are (attempts earlier runs on the same
+# folder recorded come first, so a requeued job writes beside them, never over them).
+FIRST_ATTEMPT_ENV = "TORCHTRIAGE_FIRST_ATTEMPT"
+ATTEMPT_PREFIX = ".attempt-"  # a dot folder: `diagnose DIR` reads attempt 0 alone, never two attempts as one job
+# For tests only: the host name a rank records and a capture reports, so that two launchers on one machine can
+# stand for two nodes. Never set it on a real job: a verdict would name a machine that does not exist.
+TEST_HOSTNAME_ENV = "TORCHTRIAGE_TEST_HOSTNAME"
+
+
+def host_name() -> str:
+    """This machine's name, as a rank records it and a live capture reports it."""
+    return os.environ.get(TEST_HOSTNAME_ENV) or socket.gethostname()
+
+
+def identity_file(run_dir: str | Path, rank: int) -> Path:
+    return Path(run_dir) / IDENTITY_SUBDIR / f"rank{rank}.json"
+
+
+def attempt_dir(run_dir: str | Path, attempt: int) -> Path:
+    """The folder of the attempt numbered `attempt`: the run folder itself for the first."""
+    return Path(run_dir) if attempt == 0 else Path(run_dir) / f"{ATTEMPT_PREFIX}{attempt}"
+
+
+def attempt_number(environ: Mapping[str, str]) -> int:
+    """A rank's attempt, from its environment: the first attempt of `run`'s launcher plus the launcher's restarts."""
+    total = 0
+    for name in (FIRST_ATTEMPT_ENV, RESTART_COUNT_ENV):
+        value = environ.get(name, "")
+        total += int(value) if value.isdigit() and len(value) < 10 else 0
+    return total
+
+
+def recorded_attempts(run_dir: str | Path) -> dict[int, Path]:
+    """Attempt -> its folder, for the attempts whose ranks wrote into `run_dir` (attempt 0: the folder itself, when
+    its ranks left their identity records, a stall's files or `run`'s record of the end)."""
+    run_dir = Path(run_dir)
+    found: dict[int, Path] = {}
+    if any((run_dir / name).exists() for name in (IDENTITY_SUBDIR, HANG_SUBDIR, RUN_EXIT_FILE)):
+        found[0] = run_dir
+    try:
+        entries = list(os.scandir(run_dir))
+    except OSError:
+        return found
+    for entry in entries:
+        number = entry.name.removeprefix(ATTEMPT_PREFIX)
+        if entry.name.startswith(ATTEMPT_PREFIX) and number.isdigit() and entry.is_dir(follow_symlinks=False):
+            found[int(number)] = Path(entry.path)
+    return dict(sorted(found.items()))
 
 
 def hang_dir(run_dir: str | Path) -> Path:

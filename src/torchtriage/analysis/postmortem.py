@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from torchtriage.analysis.fusion import HANG_SOURCES, fuse
+from torchtriage.analysis.machines import attach_machines
 from torchtriage.errors import InputError, TriageError
 from torchtriage.model import Assessment, Category, SourceKind, Verdict
 from torchtriage.sources.registry import Input, discover, not_read_here
@@ -171,7 +172,7 @@ def analyse_run(
             "nothing readable: no log, py-spy or faulthandler dump, flight-recorder dump, profiler trace or "
             f"memory snapshot could be read:\n  {reasons_text}"
         )
-    run.verdict = fuse(run.assessments, reasons, expected=HANG_SOURCES)
+    run.verdict = attach_machines(fuse(run.assessments, reasons, expected=HANG_SOURCES), found.inputs, run.stacks)
     run.verdict.problems[:0] = problems + not_read_here(found.inputs, RUN_KINDS)
     return run
 

@@ -25,6 +25,7 @@ VERBS = {
     "record": ("record", "record flame graphs (SVG, speedscope) of every rank on this node over one window"),
     "diagnose": ("diagnose", "my job is stuck: stacks, flight recorder and logs fused into one verdict"),
     "run": ("run", "run a launcher with diagnostics armed: flight recorder and a hang watchdog in every rank"),
+    "history": ("history", "the attempts of a job (restarts, requeues): does its failure follow a machine or the code"),
     "nvlink": ("nvlink", "NVLink, GPU-memory and Xid health of this node, safe beside a running job"),
     "doctor": ("doctor", "check this environment for what breaks distributed jobs (--ranks: compare ranks)"),
     "check-layout": ("check_layout", "validate a parallel layout (dp/tp/pp/cp/ep/etp) before launch"),

@@ -11,6 +11,11 @@ The child's output passes through untouched and its exit code is returned. Once 
 watchdog's verdict if a stall was diagnosed, then whether the job finished, failed or was ended by a signal) and
 keeps how the launcher ended in DIR/run-exit.json, which triage reads with the rest of the folder (cli/run_end.py).
 
+Every rank records where it runs (DIR/identity/rank<N>.json: host, pid, GPU; runtime/identity.py), so that each
+verdict names the culprit's machine. Each attempt keeps its own folder: when the launcher restarts the workers
+(torchrun --max-restarts) or `run` is started again on DIR (a requeue), attempt n writes into DIR/.attempt-<n>,
+never over an earlier attempt's files; `torchtriage history DIR` compares them.
+
 DIR is made private (0700: the ranks' stacks show the values they hold), and checked writable before the job
 starts: a folder the ranks cannot write to would lose the evidence of the very hang it is there for.
 """
@@ -35,14 +40,17 @@ from torchtriage.errors import EnvironmentProblem, UsageError
 from torchtriage.protocol import (
     DEBUG_SERVER_ENV,
     DEBUG_SERVER_FILE,
+    FIRST_ATTEMPT_ENV,
     FR_PREFIX,
     FR_SUBDIR,
     MONITOR_WINDOW_ENV,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
+    attempt_dir,
     make_private_folders,
     open_private,
     open_to_others,
+    recorded_attempts,
 )
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "inject"
@@ -109,8 +117,10 @@ def armed_environment(
     environ: dict[str, str],
     debug_server: bool = False,
     monitor_window: int | None = None,
+    first_attempt: int = 0,
 ) -> tuple[dict[str, str], list[str]]:
     env = dict(environ)
+    env[FIRST_ATTEMPT_ENV] = str(first_attempt)
     if monitor_window is not None:
         env[MONITOR_WINDOW_ENV] = str(monitor_window)
     if debug_server:
@@ -149,7 +159,8 @@ def run(args: argparse.Namespace) -> int:
     if args.monitor_window < 2:
         raise UsageError(f"--monitor-window {args.monitor_window}: a window needs at least 2 steps")
     window = args.monitor_window if args.monitor else None
-    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ), args.debug_server, window)
+    first = first_attempt(out_dir)
+    env, kept = armed_environment(out_dir, args.stall_seconds, dict(os.environ), args.debug_server, window, first)
     for message in kept:
         warnings.warn(f"torchtriage run: {message}", stacklevel=1)
     print(f"torchtriage run: diagnostics in {out_dir} (stall after {args.stall_seconds:g} s)", file=sys.stderr)
@@ -164,8 +175,25 @@ def run(args: argparse.Namespace) -> int:
     forwarded: list[int] = []
     code = _run_forwarding(command, env, forwarded)
     end = LauncherEnd(Path(command[0]).name, code, started, time.time(), tuple(forwarded))
-    say_and_record(out_dir, end)
+    say_and_record(out_dir, end, first)
     return end.exit_code
+
+
+def first_attempt(out_dir: Path) -> int:
+    """The attempt this run's first workers are: 0 in a fresh folder; after the attempts earlier runs recorded there
+    (a requeued job started again on the same folder), the next, so that none writes over an earlier one's files.
+    Every node's `run` sees the same folder before any rank of the job starts (the ranks start once every node's
+    launcher has joined), so the nodes of one job agree."""
+    earlier = recorded_attempts(out_dir)
+    if not earlier:
+        return 0
+    first = max(earlier) + 1
+    print(
+        f"torchtriage run: {out_dir} holds the files of {len(earlier)} earlier attempt(s); this run's go to "
+        f"{attempt_dir(out_dir, first)} and on (torchtriage history {out_dir} compares them)",
+        file=sys.stderr,
+    )
+    return first
 
 
 # One block of data: a full file system refuses it where an empty file would still be made.

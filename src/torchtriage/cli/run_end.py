@@ -20,10 +20,18 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from torchtriage.protocol import RUN_EXIT_FILE, RUN_EXIT_SCHEMA, VERDICT_STEM, hang_dir, write_whole
+from torchtriage.protocol import (
+    RUN_EXIT_FILE,
+    RUN_EXIT_SCHEMA,
+    VERDICT_STEM,
+    hang_dir,
+    recorded_attempts,
+    write_whole,
+)
 
 _SHOWN_CULPRITS = 32
 _SUMMARY_CHARS = 400
+_HOST_CHARS = 64
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,8 @@ class LauncherEnd:
 
 
 def stall_line(out_dir: Path) -> str | None:
-    """The watchdog's verdict in one line, if a stall was diagnosed; else None."""
+    """The watchdog's verdict in one line, if a stall was diagnosed in the folder (an attempt's); else None. The
+    line's form is rule hang.watchdog_verdict's: triage reads it on the job's console."""
     folder = hang_dir(out_dir)
     text = folder / f"{VERDICT_STEM}.txt"
     if not text.exists():
@@ -84,7 +93,8 @@ def stall_line(out_dir: Path) -> str | None:
 
 
 def _verdict_headline(path: Path) -> str | None:
-    """'hang, culprit rank 1 (medium confidence): <summary>' from the watchdog's verdict.json, or None."""
+    """'hang, culprit rank 1 (medium confidence): <summary>; the culprit ran on node-b (pid 4242, GPU 1)' from the
+    watchdog's verdict.json, or None."""
     try:
         verdict = json.loads(path.read_text(encoding="utf-8"))
         category, confidence = str(verdict["category"]), str(verdict["confidence"])
@@ -98,7 +108,34 @@ def _verdict_headline(path: Path) -> str | None:
         shown = ", ".join(str(rank) for rank in ranks[:_SHOWN_CULPRITS])
         more = f" and {len(ranks) - _SHOWN_CULPRITS} more" if len(ranks) > _SHOWN_CULPRITS else ""
         who = f"culprit rank{'s' if len(ranks) > 1 else ''} {shown}{more}"
-    return f"{category}, {who} ({confidence} confidence): {summary}"
+    return f"{category}, {who} ({confidence} confidence): {summary}{_where(verdict, ranks)}"
+
+
+def _where(verdict: dict, ranks: list[int]) -> str:
+    """'; the culprit ran on node-b (pid 4242, GPU 1)' for a lone culprit whose machine the verdict names."""
+    machines = verdict.get("culprit_machines")
+    if len(ranks) != 1 or not isinstance(machines, list) or not machines or not isinstance(machines[0], dict):
+        return ""
+    machine = machines[0]
+    host, pid, gpu = machine.get("host"), machine.get("pid"), machine.get("gpu_index")
+    if not isinstance(host, str):
+        return ""
+    details = [f"pid {pid}" if isinstance(pid, int) else "", f"GPU {gpu}" if isinstance(gpu, int) else ""]
+    details = [d for d in details if d]
+    shown = " ".join(host.split())[:_HOST_CHARS]
+    return f"; the culprit ran on {shown}" + (f" ({', '.join(details)})" if details else "")
+
+
+def attempts_line(out_dir: Path, first: int) -> str | None:
+    """Where each attempt of this run left its files, when there was more than one or earlier runs' come first."""
+    ours = {n: folder for n, folder in recorded_attempts(out_dir).items() if n >= first}
+    if not ours or (first == 0 and list(ours) == [0]):
+        return None
+    folders = ", ".join(f"attempt {n}: {folder}" for n, folder in ours.items())
+    return (
+        f"torchtriage run: the workers ran {len(ours)} time(s), each attempt's files in a folder of its own "
+        f"({folders}); torchtriage history {out_dir} compares the attempts"
+    )
 
 
 def forget_earlier_end(out_dir: Path) -> None:
@@ -110,13 +147,19 @@ def forget_earlier_end(out_dir: Path) -> None:
         pass
 
 
-def say_and_record(out_dir: Path, end: LauncherEnd) -> None:
-    """Print the watchdog's verdict, if any, then how the launcher ended (on stderr, last), and keep the end in
+def say_and_record(out_dir: Path, end: LauncherEnd, first_attempt: int = 0) -> None:
+    """Print the watchdog's verdict of each attempt that stalled, if any, and where each attempt's files are when
+    the launcher restarted the workers, then how the launcher ended (on stderr, last), and keep the end in
     DIR/run-exit.json: whole or not at all, private like the rest of DIR. A folder that can no longer be written
     costs the record, never the job's exit code."""
-    stall = stall_line(out_dir)
-    if stall is not None:
-        print(stall, file=sys.stderr)
+    attempts = {n: f for n, f in recorded_attempts(out_dir).items() if n >= first_attempt} or {0: out_dir}
+    for folder in attempts.values():
+        stall = stall_line(folder)
+        if stall is not None:
+            print(stall, file=sys.stderr)
+    where = attempts_line(out_dir, first_attempt)
+    if where is not None:
+        print(where, file=sys.stderr)
     print(end.sentence, file=sys.stderr)
     try:
         write_whole(out_dir / RUN_EXIT_FILE, json.dumps(end.record()) + "\n")

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import stat
 import tempfile
 import time
@@ -36,7 +35,7 @@ from torchtriage.collect.discovery import RankProcess, find_ranks, looks_like_py
 from torchtriage.collect.preflight import FIX_CAPABILITY, Preflight, check_ptrace
 from torchtriage.collect.pyspy import ConcurrentRunner, Step, StepResult, find_py_spy, py_spy_version
 from torchtriage.errors import EnvironmentProblem
-from torchtriage.protocol import make_private_folders, new_private_folder, open_to_others, write_private
+from torchtriage.protocol import host_name, make_private_folders, new_private_folder, open_to_others, write_private
 from torchtriage.sources.captures import CAPTURE_SUMMARY as SUMMARY_FILE
 from torchtriage.sources.captures import STOPPED_STATES
 
@@ -271,7 +270,7 @@ def capture_stacks(
     parallel, each py-spy run bounded by `timeout_s`. Raises TriageError subclasses (usage 2, environment
     4) before attaching anything; attach failures are reported per process in the result."""
     py_spy, version, targets, preflight = _prepare(pids)
-    host = socket.gethostname()
+    host = host_name()
     started = time.time()
     folder = make_folder(out or default_out_dir(), host, started)
     stems = file_stems(targets)
@@ -384,7 +383,7 @@ def record_profiles(
     the summary reports). Each is bounded by `duration_s + timeout_s`; Ctrl-C stops them all, keeping
     what they recorded."""
     py_spy, version, targets, preflight = _prepare(pids)
-    host = socket.gethostname()
+    host = host_name()
     started = time.time()
     folder = make_folder(out or default_out_dir(), host, started)
     stems = file_stems(targets)

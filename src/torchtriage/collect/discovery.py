@@ -14,12 +14,12 @@ tokens and passwords, and nothing else from them is kept or written anywhere.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from torchtriage.errors import EnvironmentProblem, UsageError
+from torchtriage.protocol import host_name
 
 # The first variable present wins: torchrun's own names, then the launchers that set their own.
 RANK_VARS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -32,6 +32,8 @@ WORKER_VARS = ("RANK", "LOCAL_RANK")
 # A SLURM job step's own job and node: a capture step (`srun --overlap --jobid J`) takes job J's ranks on its
 # node, not another job's that shares the node.
 SLURM_PLACE_VARS = ("SLURM_JOB_ID", "SLURM_NODEID")
+# What else tells jobs on one node apart, when none can be chosen: a job step, the launcher's run id.
+JOB_LABEL_VARS = ("SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")
 # In a Kubernetes pod (KUBERNETES_SERVICE_HOST set), HOSTNAME is the pod's name: a capture in one pod takes
 # that pod's ranks, not those of other pods that share the node's process table (hostPID).
 POD_PLACE_VARS = ("HOSTNAME",)
@@ -41,7 +43,7 @@ LAUNCHER_ENV = tuple(
         + LOCAL_RANK_VARS
         + WORLD_SIZE_VARS
         + LOCAL_WORLD_SIZE_VARS
-        + ("TORCHELASTIC_RUN_ID",)
+        + JOB_LABEL_VARS
         + SLURM_PLACE_VARS
         + POD_PLACE_VARS
     )
@@ -257,24 +259,60 @@ def select_ranks(
     }
     for agent in wrappers:
         jobs.pop(agent)
+    found_here = dict(jobs)
     if place:
-        jobs = {
-            agent: workers
-            for agent, workers in jobs.items()
-            if all(table[agent].env.get(name, value) == value for name, value in place.items())
-        }
+        jobs = jobs_in_place(jobs, table, place)
     if not jobs:
-        raise EnvironmentProblem(f"found no torchrun workers on this node ({host}); {PID_HINT}.")
+        raise EnvironmentProblem(_none_found(host, place, found_here, table))
     if len(jobs) > 1:
-        listing = "; ".join(
-            f"agent {agent}: {len(workers)} workers, `{' '.join(table[agent].cmdline)[:120]}`"
-            for agent, workers in sorted(jobs.items())
-        )
+        listing = "; ".join(describe_job(agent, workers, table) for agent, workers in sorted(jobs.items()))
         raise UsageError(
             f"found {len(jobs)} torchrun jobs on this node ({listing}); name the one to capture with --pid AGENT_PID."
         )
     ((agent, workers),) = jobs.items()
     return order(rank_process(w, host, agent_pid=agent) for w in workers)
+
+
+def jobs_in_place(
+    jobs: Mapping[int, list[ProcessFacts]], table: Mapping[int, ProcessFacts], place: Mapping[str, str]
+) -> dict[int, list[ProcessFacts]]:
+    """The jobs of `place` (a SLURM job, a pod): those whose agent's environment carries it, value for value. Only
+    when none does, those that say nothing to the contrary (started by hand inside the allocation, or an
+    environment this user cannot read): a job that carries the place is never lost among jobs that say nothing."""
+    carrying = {a: w for a, w in jobs.items() if all(table[a].env.get(k) == v for k, v in place.items())}
+    if carrying:
+        return carrying
+    return {a: w for a, w in jobs.items() if all(table[a].env.get(k, v) == v for k, v in place.items())}
+
+
+def describe_job(agent: int, workers: list[ProcessFacts], table: Mapping[int, ProcessFacts]) -> str:
+    """What tells one job on the node from another: its agent, ranks, SLURM job and step, run id, and command."""
+    env = {**(workers[0].env if workers else {}), **table[agent].env}
+    ranks = sorted(r for r in (first_int(w.env, RANK_VARS) for w in workers) if r is not None)
+    world = first_int(env, WORLD_SIZE_VARS)
+    parts = [f"agent {agent}: {len(workers)} workers"]
+    if ranks:
+        span = f"{ranks[0]}-{ranks[-1]}" if len(ranks) > 1 else str(ranks[0])
+        parts.append(f"ranks {span}" + (f" of {world}" if world else ""))
+    parts += [f"{name}={env[name]}" for name in ("SLURM_JOB_ID", *JOB_LABEL_VARS) if env.get(name)]
+    parts.append(f"`{' '.join(table[agent].cmdline)[:120]}`")
+    return ", ".join(parts)
+
+
+def _none_found(
+    host: str,
+    place: Mapping[str, str] | None,
+    here: Mapping[int, list[ProcessFacts]],
+    table: Mapping[int, ProcessFacts],
+) -> str:
+    if not place or not here:
+        return f"found no torchrun workers on this node ({host}); {PID_HINT}."
+    wanted = ", ".join(f"{name}={value}" for name, value in place.items())
+    others = "; ".join(describe_job(agent, workers, table) for agent, workers in sorted(here.items()))
+    return (
+        f"found no torchrun workers of {wanted} on this node ({host}): the jobs here are others' ({others}); check the "
+        "job id (squeue -u $USER), or name the job with --pid AGENT_PID."
+    )
 
 
 def _is_descendant(pid: int, ancestor: int, table: Mapping[int, ProcessFacts]) -> bool:
@@ -348,4 +386,4 @@ def find_ranks(pids: Sequence[int] | None = None, proc: Path = Path("/proc")) ->
     place = {name: os.environ[name] for name in SLURM_PLACE_VARS if os.environ.get(name)}
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         place |= {name: os.environ[name] for name in POD_PLACE_VARS if os.environ.get(name)}
-    return select_ranks(table, socket.gethostname(), pids, exclude=own, place=place)
+    return select_ranks(table, host_name(), pids, exclude=own, place=place)

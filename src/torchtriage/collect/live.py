@@ -12,22 +12,36 @@ from torchtriage.analysis.postmortem import diagnose_paths
 from torchtriage.collect.capture import capture_stacks
 from torchtriage.collect.discovery import parse_environ
 from torchtriage.model import Assessment, Verdict
-from torchtriage.protocol import FR_SUBDIR, RUN_DIR_ENV, hang_dir, request_folder, withdraw_request, write_request
+from torchtriage.protocol import (
+    FIRST_ATTEMPT_ENV,
+    FR_SUBDIR,
+    IDENTITY_SUBDIR,
+    RESTART_COUNT_ENV,
+    RUN_DIR_ENV,
+    attempt_dir,
+    attempt_number,
+    hang_dir,
+    request_folder,
+    withdraw_request,
+    write_request,
+)
 
 # How long to wait for ranks started by `torchtriage run` to answer a dump request: their watchdogs
 # poll every few seconds.
 ARMED_WAIT_S = 15.0
+_ARMED_ENV = (RUN_DIR_ENV, FIRST_ATTEMPT_ENV, RESTART_COUNT_ENV)
 
 
 def armed_run_dir(pids: list[int]) -> Path | None:
-    """The hang folder of a job started with `torchtriage run`, read from a rank's environment."""
+    """The run folder of the attempt a job started with `torchtriage run` is in, read from a rank's environment
+    (the environment it started with: the attempt's folder is the run folder's, by the attempt's number)."""
     for pid in pids:
         try:
-            env = parse_environ(Path(f"/proc/{pid}/environ").read_bytes(), keys=(RUN_DIR_ENV,))
+            env = parse_environ(Path(f"/proc/{pid}/environ").read_bytes(), keys=_ARMED_ENV)
         except OSError:
             continue
         if env.get(RUN_DIR_ENV):
-            return hang_dir(env[RUN_DIR_ENV])
+            return attempt_dir(env[RUN_DIR_ENV], attempt_number(env))
     return None
 
 
@@ -80,13 +94,14 @@ def diagnose_live(
     captured = [p.target.pid for p in capture.processes]
     armed = armed_run_dir(captured)
     answering = [p for p in capture.processes if "state" not in p.details]  # a stopped rank answers nothing
-    fresh = request_fresh_dumps(armed, len(answering)) if armed is not None else None
+    fresh = request_fresh_dumps(hang_dir(armed), len(answering)) if armed is not None else None
     # Each error names its rank and pid; the warnings say what a user must know (a rank left stopped, a capture
     # folder other users can read).
     problems = [p.error or "failed" for p in capture.failures] + capture.warnings
-    return _verdict_of_capture(
-        capture.folder, problems, extra_paths, logs, more_paths=[str(fresh)] if fresh is not None else []
-    )
+    more = [str(fresh)] if fresh is not None else []
+    if armed is not None and (armed / IDENTITY_SUBDIR).is_dir():
+        more.append(str(armed / IDENTITY_SUBDIR))  # the ranks' own records: their GPUs beside the hosts and pids
+    return _verdict_of_capture(capture.folder, problems, extra_paths, logs, more_paths=more)
 
 
 def diagnose_from_store(

@@ -7,25 +7,36 @@ folder, then the merged folder read as one job.
 resources: forever); one task per node; a node whose capture fails does not stop the others. Each node's
 `dump` writes `DIR/<host>-<time>/` (its host in the name, so nodes never clash), and `diagnose DIR` reads
 them together. The same Python (a shared venv or the job's container) must exist on the nodes.
+
+Each node's capture runs in the step's environment, which carries the job's id (SLURM_JOB_ID): on a node shared
+with other jobs it takes this job's ranks (collect/discovery.py). Where srun is not on PATH (a shell on one of the
+job's nodes), the capture runs on this node alone in that same environment, and says that the other nodes were
+not reached.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from torchtriage.collect.discovery import SLURM_PLACE_VARS
 from torchtriage.errors import EnvironmentProblem, UsageError
-from torchtriage.protocol import make_private_folders, open_to_others
+from torchtriage.protocol import host_name, make_private_folders, open_to_others
 
 _STEP_SLACK_S = 60.0  # past the per-rank timeouts, for srun to place the step and the nodes to start Python
 
 
-def step_command(jobid: str, verb_args: list[str]) -> list[str]:
+def check_jobid(jobid: str) -> None:
     if not jobid.replace("_", "").isdigit():
         raise UsageError(f"--slurm {jobid}: give the job's id (squeue -u $USER), e.g. --slurm 123456")
+
+
+def step_command(jobid: str, verb_args: list[str]) -> list[str]:
+    check_jobid(jobid)
     srun = shutil.which("srun")
     if srun is None:
         raise EnvironmentProblem(
@@ -38,6 +49,33 @@ def step_command(jobid: str, verb_args: list[str]) -> list[str]:
         "torchtriage",
         *verb_args,
     ]
+
+
+def step_environment(jobid: str, environ: dict[str, str]) -> dict[str, str]:
+    """The environment a step of job `jobid` gives the capture on this node: the job's id (and none of another
+    job's place), so that the node's capture takes that job's ranks, never another job's on the same node."""
+    env = {name: value for name, value in environ.items() if name not in SLURM_PLACE_VARS}
+    return {**env, "SLURM_JOB_ID": jobid}
+
+
+def run_here(jobid: str, verb_args: list[str], timeout_s: float) -> list[str]:
+    """Where srun is not on PATH (a shell on one of the job's nodes): `torchtriage <verb_args>` on this node alone,
+    as a step of the job would run it. The problems, first that the other nodes were not reached."""
+    check_jobid(jobid)
+    problems = [
+        f"srun is not on PATH: only this node ({host_name()}) was captured, its ranks of SLURM job {jobid}; run "
+        "this where SLURM's commands are (a login node) to reach every node of the job"
+    ]
+    command = [sys.executable, "-m", "torchtriage", *verb_args]
+    env = step_environment(jobid, dict(os.environ))
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return [*problems, f"the capture did not finish within {timeout_s:g} s; what landed is read"]
+    if done.returncode != 0:
+        tail = " | ".join(line for line in done.stderr.strip().splitlines()[-4:] if line.strip())
+        problems.append(f"the capture on this node returned {done.returncode}: {tail}")
+    return problems
 
 
 def default_folder(jobid: str) -> Path:
@@ -70,12 +108,17 @@ def capture_every_node(jobid: str, out: Path | None, timeout_s: float, native: b
 def on_every_node(jobid: str, verb_args: list[str], out: Path | None, step_s: float) -> tuple[Path, list[str]]:
     """`torchtriage <verb_args> --out FOLDER` (dump, record) on every node of the job; the folder, and the
     problems. Raises EnvironmentProblem when no node wrote anything there."""
+    check_jobid(jobid)  # before any folder is made for it
     folder = out.resolve() if out is not None else default_folder(jobid)
     try:
         make_private_folders(folder)  # private when made here; each node's folder in it is private too
     except OSError as err:
         raise UsageError(f"--out {folder}: {err.strerror or err}; give a folder every node can write") from None
-    problems = run_step(jobid, [*verb_args, "--out", str(folder)], step_s)
+    args = [*verb_args, "--out", str(folder)]
+    if shutil.which("srun") is None:
+        problems = run_here(jobid, args, step_s + _STEP_SLACK_S)
+    else:
+        problems = run_step(jobid, args, step_s)
     exposed = open_to_others(folder)
     if exposed is not None:
         problems.append(

@@ -7,6 +7,7 @@ from typing import Any
 
 from torchtriage.model import Verdict
 from torchtriage.report.safe_text import encodable
+from torchtriage.report.text import machine_lines
 
 _COLOURS = {
     "compute": "#4e79a7",
@@ -48,6 +49,7 @@ def verdict_head(verdict: Verdict) -> str:
     return (
         f'<div class="verdict{ok}"><b>{esc(verdict.category)}</b> (confidence {esc(verdict.confidence)})'
         + (f" — culprit rank {', '.join(map(str, verdict.culprit_ranks))}" if verdict.culprit_ranks else "")
+        + "".join(f'<br><span class="machine">machine: {esc(line)}</span>' for line in machine_lines(verdict))
         + f"<p>{esc(verdict.summary)}</p></div>"
     )
 

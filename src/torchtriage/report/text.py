@@ -33,6 +33,27 @@ def _culprit_line(verdict: Verdict) -> str:
     return "not identified"
 
 
+_SHOWN_MACHINES = 8
+# What puts a rank's host, pid and GPU within a verdict's reach, for when no source read did.
+MACHINE_HINT = (
+    "a job run under `torchtriage run` records each rank's host, pid and GPU; a live `diagnose` reads host and pid"
+)
+
+
+def machine_lines(verdict: Verdict) -> list[str]:
+    """Where each culprit ran (host, pid, GPU), or that nothing read says; none without a culprit."""
+    machines = [verdict.machine_of(rank) for rank in verdict.culprit_ranks]
+    if not machines:
+        return []
+    if not any(m.known for m in machines):
+        who = format_ranks(verdict.culprit_ranks)
+        return [f"not recorded: nothing read says where {who} ran ({MACHINE_HINT})"]
+    lines = [f"rank {m.rank}: {m.text if m.known else 'not recorded'}" for m in machines[:_SHOWN_MACHINES]]
+    if len(machines) > _SHOWN_MACHINES:
+        lines.append(f"… {len(machines) - _SHOWN_MACHINES} more in --json")
+    return lines
+
+
 def render_text(verdict: Verdict, stream=None) -> str:
     """The verdict for a terminal; every string from the inputs is shown with its control characters escaped."""
     verdict = visible_copy(verdict)
@@ -43,8 +64,10 @@ def render_text(verdict: Verdict, stream=None) -> str:
         f"{bold('verdict')}   {_style(verdict.category, '1;31' if verdict.findings else '1;32', colour)}"
         f"  (confidence: {verdict.confidence})",
         f"{bold('culprit')}   {_culprit_line(verdict)}",
-        f"{bold('summary')}   {verdict.summary}",
     ]
+    for index, line in enumerate(machine_lines(verdict)):
+        lines.append(f"{bold('machine') if index == 0 else '       '}   {line}")
+    lines.append(f"{bold('summary')}   {verdict.summary}")
     frame = verdict.facts.get("user_frame")
     if frame:
         lines.append(f"{bold('where')}     {frame['file']}:{frame['line']} in {frame['function']}")

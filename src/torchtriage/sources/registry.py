@@ -167,9 +167,14 @@ def _record_read_as_log(head: Head) -> bool:
     return _own_schema(head) in _READ_AS_LOGS
 
 
+def _identity(head: Head) -> bool:
+    """A rank's record of where it runs (runtime/identity.py writes it; sources/identity.py reads it)."""
+    return _own_schema(head) == b"identity"
+
+
 def _torchtriage_output(head: Head) -> bool:
     if _is_json_object(head):
-        return _own_schema(head) is not None and not _record_read_as_log(head)
+        return _own_schema(head) is not None and not _record_read_as_log(head) and not _identity(head)
     return head.data.lstrip().startswith(_OWN_TEXT)
 
 
@@ -187,6 +192,7 @@ def _log(head: Head) -> bool:
 
 # Tried in this order: the most specific first; any other text is a log.
 SOURCE_TYPES: tuple[SourceType, ...] = (
+    SourceType(SourceKind.IDENTITY, "a rank's identity record (its host, pid and GPU)", "diagnose", _identity),
     SourceType(SourceKind.TORCHTRIAGE_OUTPUT, "torchtriage's own output", "", _torchtriage_output),
     SourceType(SourceKind.MEMORY_SNAPSHOT, "a CUDA memory snapshot", "memory", _memory_snapshot),
     # A trace's distributedInfo holds a pg_config too: the trace's own keys decide first.
@@ -561,7 +567,8 @@ def for_reader(inputs: Iterable[Input], kind: SourceKind, problems: list[str]) -
 def not_read_here(inputs: Iterable[Input], reads: Iterable[SourceKind]) -> list[str]:
     """What a verb does not read, as problems: each file named or of no known kind on its own line, the
     files of another kind found in folders counted, each with the verb that reads them."""
-    wanted = set(reads) | {SourceKind.TORCHTRIAGE_OUTPUT, SourceKind.DOCUMENT}
+    # Identity records say where ranks ran, not what failed: every verdict reads them for its culprit's machine.
+    wanted = set(reads) | {SourceKind.TORCHTRIAGE_OUTPUT, SourceKind.DOCUMENT, SourceKind.IDENTITY}
     lines: list[str] = []
     unknown: list[tuple[str, str]] = []  # of no kind, found in folders: the first few named, the rest counted
     counts: dict[SourceKind, int] = {}

@@ -37,6 +37,9 @@ def _start_watchdog():
         if home:
             sys.path.append(home)  # last, so it never shadows the user's own packages
     try:
+        from torchtriage.runtime.identity import on_rank_start
+
+        on_rank_start()  # first: it points the run folder at this attempt's, where the watchdog then writes
         from torchtriage.runtime.watchdog import start_from_environment
 
         start_from_environment()

@@ -1,0 +1,81 @@
+"""The culprit's machine: which host, process and GPU each culprit rank ran on, from every source that says.
+
+An operator acts on machines (drain a host, reset a GPU), so a verdict names the culprit's besides its rank.
+Three kinds of source place a rank, each trusted for what it saw itself:
+
+- a live capture's `summary.json` (collect/capture.py): the host and pid of each process it found, now;
+- the ranks' identity records (`DIR/identity/rank<N>.json`, sources/identity.py): host, pid and local rank
+  from the rank itself at start, and its GPU (index, UUID, PCI bus id) once CUDA was in use;
+- a stack dump's header (py-spy's `Process 4242: ...`): the pid of the process dumped.
+
+What one says first is kept and the others fill what it left unknown; each machine names the sources that
+told. A culprit no source placed keeps a Machine with nothing known, which every renderer says as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torchtriage.model import Machine, SourceKind, Verdict
+from torchtriage.sources.captures import CAPTURE_SUMMARY, NodeCapture, read_capture
+from torchtriage.sources.identity import read_identities
+
+
+def from_captures(captures: Iterable[NodeCapture]) -> dict[int, Machine]:
+    """Rank -> host and pid, from live captures' summaries."""
+    return {
+        rank: Machine(rank, host=capture.host, pid=pid if pid > 0 else None, sources=("capture",))
+        for capture in captures
+        for rank, pid in capture.pids.items()
+    }
+
+
+def from_stacks(stacks: Mapping[int, Any] | None) -> dict[int, Machine]:
+    """Rank -> pid, from the stack dumps read (a py-spy dump's header names its process)."""
+    found = {}
+    for rank, stack in (stacks or {}).items():
+        pid = getattr(stack, "pid", None)
+        if isinstance(pid, int) and pid > 0:
+            found[rank] = Machine(rank, pid=pid, sources=("stacks",))
+    return found
+
+
+def merge(*layers: Mapping[int, Machine]) -> dict[int, Machine]:
+    """Rank -> machine: the first layer that places a rank decides, the later ones fill what it left unknown. A
+    later layer that names another process for the rank fills nothing (it saw another process: a restart)."""
+    merged: dict[int, Machine] = {}
+    for layer in layers:
+        for rank, machine in layer.items():
+            known = merged.get(rank)
+            if known is None:
+                merged[rank] = machine
+            elif known.pid is None or machine.pid is None or known.pid == machine.pid:
+                merged[rank] = known.filled_from(machine)
+    return merged
+
+
+def culprit_machines(culprits: Iterable[int], machines: Mapping[int, Machine]) -> list[Machine]:
+    """One machine per culprit rank, in the verdict's order; a rank no source placed has nothing known."""
+    return [machines.get(rank, Machine(rank)) for rank in culprits]
+
+
+def machines_of(inputs: Iterable[Any], stacks: Mapping[int, Any] | None, problems: list[str]) -> dict[int, Machine]:
+    """Rank -> machine from the inputs a run analysis found (registry `Input`s) and the stacks it read."""
+    inputs = list(inputs)
+    summaries = [
+        i.path for i in inputs if i.kind == SourceKind.TORCHTRIAGE_OUTPUT and Path(i.path).name == CAPTURE_SUMMARY
+    ]
+    captures = [c for c in map(read_capture, summaries) if c is not None]
+    identities = read_identities([i.path for i in inputs if i.kind == SourceKind.IDENTITY], problems)
+    return merge(from_captures(captures), identities, from_stacks(stacks))
+
+
+def attach_machines(verdict: Verdict, inputs: Iterable[Any], stacks: Mapping[int, Any] | None = None) -> Verdict:
+    """The verdict with its culprits' machines, from the inputs and stacks its analysis read."""
+    problems: list[str] = []
+    machines = machines_of(inputs, stacks, problems)
+    verdict.culprit_machines = culprit_machines(verdict.culprit_ranks, machines)
+    verdict.problems.extend(problems)
+    return verdict
