@@ -601,7 +601,7 @@ def _message(d: Disagreement, signatures: dict[str, Signature]) -> str:
             "majority": "the minority",
             "call-site history": "its call site departs from the one it used for earlier seqs; unless every rank was "
             "to make that new call and the others skipped it",
-            "stopped issuing": "its peers wait at their usual call site while it stopped issuing collectives",
+            "stopped issuing": "its peers wait in the op while it stopped issuing collectives, or never issued one",
             "sizes": "its sizes are impossible for the group size",
             "the group's step order": "the group's ops repeat every step, and at this point of the step it issued "
             "an op its step issues elsewhere",
@@ -807,10 +807,12 @@ def assess_dumps(load: LoadResult) -> Assessment:
     unrecorded, shown = fr_unrecorded.may_wait_unrecorded(culprits, programs, groups, dumps)
     unrecorded_candidates: list[int] = []
     if unrecorded:
-        findings.append(fr_unrecorded.unrecorded_finding(unrecorded, dumps))
+        unrecorded_note = fr_unrecorded.unrecorded_finding(unrecorded, dumps)
+        findings.append(unrecorded_note)
         confidence = "medium" if confidence == "high" else confidence
         waiting_for_them = {r for r, t in graph.edges.items() if t & set(culprits)}
-        gloo = dumps[culprits[0]].backend == "gloo"  # only gloo's own recorder leaves unrecorded p2p
+        # only gloo's own recorder leaves unrecorded p2p; a dump with no entry names no backend: the job's
+        gloo = (dumps[culprits[0]].backend or fr_unrecorded.job_backend(dumps)) == "gloo"
         if (
             set(unrecorded) >= set(culprits)
             and graph.kind == "sink"
@@ -863,6 +865,11 @@ def assess_dumps(load: LoadResult) -> Assessment:
         blaming = None
     if graph_leads:
         summary = findings[0].message
+    elif unrecorded_candidates:
+        summary = (
+            f"{unrecorded_note.message}: {format_ranks(unrecorded_candidates)} are the candidates, the ranks in no "
+            "recorded op and those waiting for them"
+        )
     else:
         summary = (
             _summary(lead, culprits, findings, load) if findings or compared else _cannot_compare(load, groups, dumps)
@@ -940,6 +947,8 @@ _GRAPH_CONFIDENCE = {
     "sink": "high",
     "its peers' program order and its own": "high",
     "its peers' program order": "medium",
+    # Two stories: the rest skipped a phase every rank enters, or the majority added a call together.
+    wait_for.NEW_PHASE: "medium",
     "its own program order, its peers keeping theirs": "high",
     "its own program order": "medium",
     "its own program order, with a call it never made before": "medium",
@@ -957,7 +966,6 @@ def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
     # The world: every member of a group, and every rank up to the highest that dumped (ranks are numbered
     # from 0; a rank below it with no dump existed).
     world = {r for g in groups.values() for r in g.members} | set(range(max(dumps, default=-1) + 1))
-    without_dump = tuple(sorted(r for r in world if r not in dumps))
 
     def members_of(rank: int, name: str) -> tuple[int, ...]:
         group = groups.get(group_key(dumps[rank], name))
@@ -965,9 +973,12 @@ def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
 
     def unseen_of(rank: int, name: str) -> tuple[int, ...] | None:
         """A group whose members were inferred from the ranks that recorded it (gloo) may have members that
-        left no dump: the ranks of the world without one."""
+        recorded nothing of it: ranks of the world that left no dump, and ranks whose dump holds no op of the
+        group (c10d makes every rank create every group, member or not; a member records only what it issued)."""
         group = groups.get(group_key(dumps[rank], name))
-        return without_dump if group is not None and group.inferred else None
+        if group is None or not group.inferred:
+            return None
+        return tuple(sorted(world - set(group.members)))
 
     graph = wait_for.wait_for_graph(programs, members_of, unseen_of)
     return wait_for.decide(graph, programs, members_of), programs

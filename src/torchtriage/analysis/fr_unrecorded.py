@@ -32,19 +32,21 @@ def may_wait_unrecorded(
       (the job's recorded sends and recvs show it makes them)."""
     lazy = not _created_eagerly(dumps)
     uses_p2p = any(dump.p2p for dump in dumps.values())
+    shared_backend = job_backend(dumps)
     found: dict[int, list[str]] = {}
     shown = False
     for rank in culprits:
         dump, program = dumps.get(rank), programs.get(rank)
         if dump is None or (program is not None and program.waiting is not None):
             continue
-        if dump.backend == "gloo" and not uses_p2p and not wait_for.records_states(dump):
+        backend = dump.backend or shared_backend
+        if backend == "gloo" and not uses_p2p and not wait_for.records_states(dump):
             # ProcessGroupGloo's own recorder (torch ≤ 2.13: no states, no sends or recvs); the hook-based
             # recorder of later versions records both, and then says what this rank waits in.
             found[rank] = ["a send or recv, which gloo does not record"]
             shown = shown or _gloo_unrecorded_ops(dumps)
             continue
-        if not dump.backend.startswith("nccl"):  # nccl, and the nccl2 / ncclx backends' names
+        if not backend.startswith("nccl"):  # nccl, and the nccl2 / ncclx backends' names
             continue
         unrecorded = ["the first collective of a group it has not used before"] if lazy else []
         if uses_p2p and _peers_never_met(rank, dumps, groups):
@@ -53,6 +55,13 @@ def may_wait_unrecorded(
         if unrecorded:
             found[rank] = unrecorded
     return found, shown
+
+
+def job_backend(dumps: dict[int, RankDump]) -> str:
+    """The backend the dumps name, where they name one: a dump with no entry names none (a rank that issued no
+    recorded op), and its rank runs the job's."""
+    named = {dump.backend for dump in dumps.values() if dump.backend}
+    return named.pop() if len(named) == 1 else ""
 
 
 def cannot_tell(culprits: list[int], waiting_for_them: set[int], shown: bool, gloo: bool) -> bool:
@@ -71,17 +80,28 @@ def cannot_tell(culprits: list[int], waiting_for_them: set[int], shown: bool, gl
 
 
 def _gloo_unrecorded_ops(dumps: dict[int, RankDump]) -> bool:
-    """Whether the gloo dumps show ops they did not record: op ids skipped between a group's collectives (its
-    sends and recvs), or a group with no recorded collective (each rank numbers the groups it is a member of
-    from 0, in creation order: a number missing among those it recorded is a group of sends and recvs only,
-    or one it never used)."""
+    """Whether the gloo dumps show ops they did not record: op ids skipped between a group's collectives or
+    before its first (its sends and recvs), or a group with no recorded collective (each rank numbers the
+    groups it is a member of from 0, in creation order: a number missing among those it recorded is a group of
+    sends and recvs only, or one it never used)."""
     for dump in dumps.values():
         if any(any(wait_for.unrecorded_between(dump, name)) for name in dump.tracks):
+            return True
+        if any(_unrecorded_before_first(track) for track in dump.tracks.values()):
             return True
         ids = {int(pg_id) for pg_id in dump.pg_ids.values() if pg_id.isdigit()}
         if ids and len(ids) < max(ids) + 1:
             return True
     return False
+
+
+def _unrecorded_before_first(track) -> bool:
+    """gloo numbers every op of a group, sends and recvs too (`op_id`), and its collectives apart
+    (`collective_seq_id`): a group's first recorded collective whose op id runs ahead of its seq came after
+    ops it did not record (a pipeline's sends and recvs before its first collective)."""
+    if not track.op_ids or not track.seqs or min(track.op_ids) < 0:
+        return False
+    return track.op_ids[0] > track.seqs[0]
 
 
 def _created_eagerly(dumps: dict[int, RankDump]) -> bool:
@@ -134,7 +154,7 @@ def _partners(dump: RankDump, groups: dict) -> set[int]:
 def unrecorded_finding(unrecorded: dict[int, list[str]], dumps: dict[int, RankDump]) -> Finding:
     ranks = sorted(unrecorded)
     where = "; or ".join(unrecorded[ranks[0]][:4])
-    if dumps[ranks[0]].backend == "gloo":
+    if (dumps[ranks[0]].backend or job_backend(dumps)) == "gloo":
         return Finding(
             "fr.unrecorded_p2p",
             ranks,

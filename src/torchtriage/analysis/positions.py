@@ -255,30 +255,111 @@ def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
 
 
 # torch.distributed's collectives are wrapped by c10d_logger's `_exception_logger`, whose `args` and `kwargs`
-# are what the caller passed: py-spy --locals shows them. A `group` among the keyword arguments is a group
-# the caller chose (`group=None` is the default); no keyword and a single positional argument (the tensor)
-# is the default group. (The collective's own `group` local is the resolved group either way: it cannot tell.)
+# are what the caller passed: py-spy --locals shows them (the hang watchdog their type names). The outermost
+# wrapper is the user's call; an object collective calls others inside it with `group=group`, whatever it was
+# given. A `group` among the keyword arguments is a group the caller chose (`group=None` is the default);
+# else the positional value at the group's place in the signature, and none there is the default group.
+# (The collective's own `group` local is the resolved group either way: it cannot tell.)
 _WRAPPER = "c10d_logger.py"
 _C10D = "torch/distributed/distributed_c10d.py"
 _GROUP_KEYWORD = re.compile(r"""["']group["']\s*:\s*(?P<value>[^,}]*)""")
 _NONE = ("None", "<NoneType>")  # py-spy's repr and the watchdog's type name of `group=None`
-_ONE_ARGUMENT = re.compile(r"^\((?:<[^<>()]*>|[^,()<>]*),?\)$|^\(\)$")
+# Where `group` sits among each c10d collective's parameters (torch.distributed.distributed_c10d's signatures,
+# unchanged since torch 2.0): for stacks that do not list the wrapped function's arguments (the watchdog's).
+_GROUP_PLACE = {
+    **dict.fromkeys(("barrier", "monitored_barrier"), 0),
+    **dict.fromkeys(
+        ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_coalesced",
+         "all_gather_object", "broadcast", "broadcast_object_list", "all_to_all", "send", "recv", "isend", "irecv",
+         "send_object_list", "recv_object_list", "_all_gather_base"),
+        2,
+    ),
+    **dict.fromkeys(
+        ("reduce_scatter", "reduce_scatter_tensor", "reduce", "gather", "gather_object", "scatter",
+         "scatter_object_list", "_reduce_scatter_base"),
+        3,
+    ),
+    "all_to_all_single": 4,
+}  # fmt: skip
+_OPENERS, _CLOSERS = "([{<", ")]}>"
+_ELIDED = re.compile(r"(?:^|[,{]\s*)\.\.\.\s*}?$")  # py-spy's `{"output": <Tensor at 0x1>, ...}`
 
 
 def group_given(frames: Sequence[Frame]) -> bool | None:
     """Whether the collective on this stack was given a group by its caller; None when the stack cannot say
-    (no locals captured, a positional group, a collective outside torch.distributed)."""
-    for frame in frames:
-        if frame.native or not frame.locals or not _matches(frame, _WRAPPER):
+    (no locals captured, arguments cut short, a collective outside torch.distributed)."""
+    call = _user_call(frames)
+    if call is None:
+        return None
+    wrapper, wrapped = call
+    values = {local.name: local.repr or "" for local in wrapper.locals}
+    if "kwargs" not in values:
+        return None
+    keyword = _GROUP_KEYWORD.search(values["kwargs"])
+    if keyword:
+        return keyword.group("value").strip() not in _NONE
+    positional = _tuple_items(values.get("args", "").strip())
+    if positional is None:
+        return None
+    place = _group_place(wrapped, len(positional))
+    if place is not None and place < len(positional):
+        return positional[place] not in _NONE
+    if _ELIDED.search(values["kwargs"]):
+        return None  # py-spy cut the keywords short: `group` may be among those it left out
+    if place is None:
+        return False if len(positional) <= 1 and _function(wrapped or wrapper) != "barrier" else None
+    return False
+
+
+def _user_call(frames: Sequence[Frame]) -> tuple[Frame, Frame | None] | None:
+    """The outermost c10d wrapper with locals (the call the user made) and the function it wraps."""
+    found = None
+    wrapped = None
+    for frame in frames:  # innermost first
+        if frame.native:
             continue
-        values = {local.name: local.repr or "" for local in frame.locals}
-        if "kwargs" not in values:
+        if frame.locals and _matches(frame, _WRAPPER):
+            found = (frame, wrapped)
+        wrapped = frame
+    return found
+
+
+def _group_place(wrapped: Frame | None, passed: int) -> int | None:
+    """The group's index among the wrapped collective's parameters: from its arguments where the stack lists
+    them (py-spy --locals), else from torch's signatures. None when unknown, or when more values were passed
+    than the arguments listed (a list cut short cannot place them)."""
+    if wrapped is None or not _matches(wrapped, _C10D):
+        return None
+    arguments = [local.name for local in wrapped.locals if local.is_argument]
+    if arguments:
+        if passed > len(arguments) or "group" not in arguments:
             return None
-        keyword = _GROUP_KEYWORD.search(values["kwargs"])
-        if keyword and keyword.group("value").strip() not in _NONE:
-            return True
-        return False if _ONE_ARGUMENT.match(values.get("args", "").strip()) else None
-    return None
+        return arguments.index("group")
+    return _GROUP_PLACE.get(_function(wrapped))
+
+
+def _tuple_items(text: str) -> list[str] | None:
+    """The top-level items of a tuple's repr (`(<Tensor at 0x1>, [1, 2], None)`), or None where it is cut short
+    (py-spy prints `(...)` for a long one) or is no tuple."""
+    if len(text) < 2 or text[0] != "(" or text[-1] != ")":
+        return None
+    items, depth, start, quote = [], 0, 1, ""
+    for at, char in enumerate(text[1:-1], start=1):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in _OPENERS:
+            depth += 1
+        elif char in _CLOSERS:
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:at].strip())
+            start = at + 1
+    last = text[start:-1].strip()
+    if last:
+        items.append(last)
+    return None if "..." in items else items
 
 
 def _in_group(position: RankPosition) -> str:

@@ -201,6 +201,9 @@ def analyze_positions(
     elif len(waiting) > 1 and not elsewhere and _across_groups(waiting):
         culprits, confidence, finding = _across_groups_verdict(waiting)
         findings.append(finding)
+    elif len(waiting) > 1 and not elsewhere and not _one_group(waiting) and _two_places(waiting, len(found)):
+        culprits, confidence = sorted(waiting[1].ranks), "medium"
+        findings.append(_majority_apart(waiting))
     elif len(waiting) > 1 and not elsewhere and not _one_group(waiting):
         findings.append(_groups_unseen(waiting))
     elif len(waiting) > 1 and not elsewhere:
@@ -329,6 +332,45 @@ def _one_group(waiting: list[StackGroup]) -> bool:
     locals say so), or a single place. A collective the stack shows no group of (no locals, backward's
     gradient collectives) may be on any group: comparing by majority would blame the ranks of another group."""
     return len(waiting) < 2 or all(g.position.group_given is False and g.position.op != BACKWARD_OP for g in waiting)
+
+
+def _two_places(waiting: list[StackGroup], ranks: int) -> bool:
+    """Every rank waits at one of two places in two different collectives: a strict majority (two ranks or
+    more) at one, on a group the stack does not show (backward's gradient collectives, arguments py-spy cut
+    short), the others on the default group (py-spy's locals say so). Those wait for every rank of the
+    majority; the majority, stuck at one place with every other rank elsewhere, waits for ranks apart (a
+    collective whose members all reached it completes). The two places wait for each other, and the ranks
+    apart left the program the majority keeps (or the whole majority skipped one call alike): medium. Where
+    the ranks apart are on a group the stack does not show, they may be blocked in a group of their own whose
+    other member went on with the majority, and nothing decides."""
+    if len(waiting) != 2:
+        return False
+    majority, apart = waiting
+    on_default = apart.position.group_given is False and apart.position.op != BACKWARD_OP
+    # In a collective (a rank waiting for its device may only be computing: a slow job, not a hang).
+    unseen = majority.position.state == COLLECTIVE and (
+        majority.position.group_given is None or majority.position.op == BACKWARD_OP
+    )
+    distinct_ops = majority.position.op != apart.position.op
+    return on_default and unseen and distinct_ops and len(majority.ranks) >= 2 and len(majority.ranks) * 2 > ranks
+
+
+def _majority_apart(waiting: list[StackGroup]) -> Finding:
+    majority, apart = waiting
+    culprits = sorted(apart.ranks)
+    verb = "waits" if len(culprits) == 1 else "wait"
+    return Finding(
+        "stacks.different_collective",
+        culprits,
+        f"{apart.describe()}: apart from the others; {majority.describe()}. Every rank is at one of these two "
+        f"places: the majority waits for {format_ranks(culprits)}, which {verb} on the default group for every "
+        f"rank of the majority; {format_ranks(culprits)} left the program the majority keeps (unless the whole "
+        "majority skipped one call alike)",
+        role="primary",
+        category="hang",
+        evidence=_evidence(apart.position)[:_MAX_EVIDENCE] + _evidence(majority.position),
+        blames=True,
+    )
 
 
 def _groups_unseen(waiting: list[StackGroup]) -> Finding:

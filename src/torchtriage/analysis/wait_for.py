@@ -291,9 +291,10 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
     ranks every rank may wait in the same world collective.
 
     `unseen_of(rank, group name)`: for a group whose members the dumps may not all show (a gloo group's
-    members are only the ranks that recorded it; a member that left no dump recorded nothing), the ranks that
-    may be its missing members (those without a dump), else None: where every member shown issued the op a
-    rank still waits in, one of those is missing from it, or, when there are none, a rank no dump names."""
+    members are only the ranks that recorded it; a member that left no dump, or that never issued an op of
+    the group, recorded nothing of it), the ranks that may be its missing members, else None: where every
+    member shown issued the op a rank still waits in, one of those is missing from it, or, when there are none,
+    a rank no dump names."""
     places: dict[tuple, tuple[frozenset, frozenset]] = {}
 
     def place(rank: int, op: IssuedOp) -> tuple:
@@ -324,9 +325,16 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
                     and unseen is not None
                     and _alike_in(programs, members_of(rank, op.group), op)
                 ):
-                    unknown = list(unseen)
-                    if not unseen:
-                        unaccounted.add(key)  # every member the dumps show issued it alike, and it waits
+                    # Every member the dumps show issued it alike, and it waits: a member they do not show holds
+                    # it. One rank alone can be that member: where its dump holds nothing of the group (a member's
+                    # recorder records every collective it issues), it never issued the op.
+                    only = unseen[0] if len(unseen) == 1 else None
+                    if only is not None and only in programs and programs[only].reach.get(op.group, 0) == 0:
+                        absent = [only]
+                    else:
+                        unknown = [r for r in unseen if r not in programs]
+                        if not unknown:
+                            unaccounted.add(key)
             places[key] = (frozenset(absent), frozenset(unknown))
         return places[key]
 
@@ -677,6 +685,11 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
     if by_peers and (not by_history or by_history == by_peers):
         decided = "its peers' program order" + (" and its own" if by_history else "")
         return by_peers, decided, detail | _issued(by_peers, following, own)
+    if by_peers and _entered_together(by_history, by_peers, cycle, own, programs, detail.get("peers_issued")):
+        # The ranks that break their own order are the majority, all with the one call none made before (a first
+        # evaluation, a first checkpoint): a phase the program enters on every rank, which the rest went past.
+        decided = NEW_PHASE
+        return by_peers, decided, detail | _issued(by_peers, following, own)
     if by_history and not by_peers:
         # Every other rank of the cycle kept the order of its earlier steps: the break is this rank's alone.
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
@@ -692,6 +705,24 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
             decided = "its own program order, with a call it never made before"
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
+
+
+NEW_PHASE = "its peers' program order, its peers entering a new phase together"
+
+
+def _entered_together(
+    by_history: list[int],
+    by_peers: list[int],
+    cycle: list[int],
+    own: dict[int, tuple[IssuedOp, set, int]],
+    programs: dict[int, Program],
+    usual: IssuedOp | None,
+) -> bool:
+    """The ranks that break their own order are exactly the cycle's majority, each with the op its peers all
+    issued next (group, op, call site), a call it never made before."""
+    if usual is None or not by_history or set(by_history) | set(by_peers) != set(cycle):
+        return False
+    return all(own[r][0].identity == usual.identity and _never_issued(programs[r], own[r][0]) for r in by_history)
 
 
 def _made_elsewhere(calls: list[IssuedOp], programs: dict[int, Program], cycle: set[int]) -> bool:

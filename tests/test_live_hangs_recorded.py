@@ -1,0 +1,99 @@
+"""Real hangs written apart from every other fixture (benchmarks/live_hangs: a DataLoader-fed eval under no_grad,
+gradient accumulation under DDP's no_sync, FSDP2 without resharding after forward, a 2-stage GPipe pipeline, a 2-D
+DeviceMesh, object collectives and checkpoints in helper modules), recorded bare (what `diagnose --pid` captured)
+and armed (what `torchtriage run`'s watchdog left), on gloo. See tests/fixtures/live_hangs/README.md.
+
+What a user relies on: the rank named is the one that departed; where the evidence cannot decide, it names
+candidates that hold it; a verdict at high confidence is never wrong; the culprit's line is where it left or
+where it then waits.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from conftest import FIXTURES
+from torchtriage.analysis.postmortem import diagnose_paths
+from torchtriage.analysis.stacks import positions
+from torchtriage.sources.stacks import load_rank_stacks
+
+RECORDED = FIXTURES / "live_hangs"
+# case -> (the ranks that departed, the culprit's lines in the job's files as recorded: where it departed, and
+# where it then waits)
+TRUTH = {
+    "eval_loader_short": ([2], {("eval_loader_short.py", 25), ("eval_loader_short.py", 32)}),
+    "grad_accum_skip_empty": ([1], {("grad_accum_skip_empty.py", 50), ("grad_accum_skip_empty.py", 53)}),
+    "fsdp2_eval_no_reshard": ([2], {("fsdp2_eval_no_reshard.py", n) for n in (71, 72, 79)}),
+    "pipeline_gpipe_short_data": ([0], {("pipeline_gpipe_short_data.py", 42), ("pipeline_gpipe_short_data.py", 53)}),
+    "mesh2d_seq_parallel_pad": ([3], {("metrics.py", 12), ("mesh2d_seq_parallel_pad.py", 52)}),
+    "random_step_ckpt_barrier": ([0], {("checkpointing.py", 45)}),
+    "gather_object_eval": ([2], {("metrics.py", 35), ("gather_object_eval.py", 26)}),
+}
+
+
+def recordings() -> list[tuple[str, str]]:
+    return [(case, mode) for case in sorted(TRUTH) for mode in ("bare", "armed") if (RECORDED / case / mode).is_dir()]
+
+
+def verdict_of(case: str, mode: str):
+    return diagnose_paths([str(RECORDED / case / mode)])
+
+
+def culprit_line(verdict) -> tuple[str, int]:
+    frame = verdict.facts["user_frame"]
+    return Path(frame["file"]).name, frame["line"]
+
+
+@pytest.mark.parametrize(("case", "mode"), recordings())
+def test_the_rank_named_departed_or_the_candidates_hold_it(case, mode):
+    verdict = verdict_of(case, mode)
+    culprits, lines = TRUTH[case]
+    if verdict.culprit_ranks:
+        assert verdict.culprit_ranks == culprits, verdict.summary
+        assert culprit_line(verdict) in lines, verdict.facts["user_frame"]
+    else:
+        assert set(culprits) <= set(verdict.facts.get("candidates", [])), verdict.summary
+        assert verdict.confidence != "high", verdict.summary
+
+
+@pytest.mark.parametrize("case", ["eval_loader_short", "gather_object_eval"])
+def test_a_collective_called_without_a_group_is_on_the_default_group_whatever_its_arguments(case):
+    """all_gather(tensor_list, tensor) passes two values, all_gather_object calls all_gather with group=None: the
+    user's call (the outermost wrapper) and the group's place in the signature say the default group. Two ranks
+    in one world collective, one in another: the one apart departed."""
+    verdict = verdict_of(case, "bare")
+    assert verdict.culprit_ranks == TRUTH[case][0] and verdict.confidence == "high", verdict.summary
+    assert culprit_line(verdict) in TRUTH[case][1]
+
+
+def test_the_rank_apart_on_the_default_group_is_named_beside_a_majority_in_backward():
+    """Rank 0 waits in a barrier on the world for every rank; ranks 1-2 wait in DDP's gradient all-reduce, which
+    cannot complete while a member is elsewhere: they wait for rank 0, which left the program they keep."""
+    verdict = verdict_of("random_step_ckpt_barrier", "bare")
+    assert verdict.culprit_ranks == [0] and verdict.confidence == "medium", verdict.summary
+    assert culprit_line(verdict) == ("checkpointing.py", 45)
+
+
+def test_keywords_py_spy_cut_short_do_not_say_the_default_group():
+    """FSDP2 calls reduce_scatter_tensor with keywords only, and py-spy cuts their repr (`{"output": ..., ...}`):
+    the group may be among those left out."""
+    stacks = load_rank_stacks(sorted((RECORDED / "fsdp2_eval_no_reshard" / "bare").glob("rank??.json")))
+    assert positions(stacks)[2].group_given is None
+
+
+def test_a_gloo_group_member_that_never_issued_its_op_is_the_one_its_members_wait_for():
+    """gloo's recorder names no group's members: the metrics group is seen on ranks 0-1 only, which both issued its
+    first all_reduce and wait. Rank 2, whose dump holds nothing of the group, is the member they wait for, while it
+    waits for them in FSDP2's reduce-scatter: a cycle, and the majority entered a new phase (the first evaluation)
+    that rank 2 went past."""
+    verdict = verdict_of("fsdp2_eval_no_reshard", "armed")
+    assert verdict.culprit_ranks == [2] and verdict.confidence == "medium", verdict.summary
+    assert culprit_line(verdict) == ("fsdp2_eval_no_reshard.py", 72)
+
+
+def test_the_flight_recorder_alone_does_not_blame_a_pipeline_stage_in_an_unrecorded_recv():
+    """gloo records no send or recv: rank 1's dump is empty and names no backend, rank 0's broadcast has op id 19
+    at collective seq 1 (18 sends and recvs before it). Rank 1 may wait in a recv from rank 0: candidates."""
+    verdict = diagnose_paths([str(RECORDED / "pipeline_gpipe_short_data" / "armed" / "fr")])
+    assert verdict.culprit_ranks == [] and verdict.confidence == "low", verdict.summary
+    assert verdict.facts["candidates"] == [0, 1]
