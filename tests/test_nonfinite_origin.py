@@ -151,6 +151,35 @@ def test_the_guard_replays_only_skipped_steps_and_writes_the_record(tmp_path, ca
     assert "non-finite first in the forward of 1 (aten.exp) on rank 0, sample ids [8]" in caplog.text
 
 
+def test_blocking_false_replays_the_skipped_batch_when_the_next_step_begins(tmp_path):
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, fused=True)
+    guard = NonFiniteGuard(opt, model=model, locate=True, report_dir=tmp_path, watch="blocks", blocking=False)
+    replays = []
+
+    def step(x, ids):
+        def loss_of(x=x):  # the closure holds its own batch: it runs a step later
+            replays.append(1)
+            return model(x).mean()
+
+        opt.zero_grad()
+        loss = model(x).mean()
+        loss.backward()
+        return guard.step(loss=loss, batch_index=len(ids), sample_ids=ids, replay=loss_of)
+
+    assert step(torch.ones(3, 4), [0, 1, 2]).applied
+    bad = torch.ones(3, 4)
+    bad[1] = 200.0
+    assert not step(bad, [7, 8, 9]).applied
+    assert replays == []  # decided on the device; replayed when the next step begins
+    assert step(torch.ones(3, 4), [3, 4, 5]).applied
+    assert len(replays) == 2
+    entry = json.loads((tmp_path / "nonfinite.jsonl").read_text())
+    rank0 = entry["ranks"]["0"]
+    assert entry["step"] == 2 and (rank0["origin"]["module"], rank0["origin"]["op"]) == ("1", "aten.exp")
+    assert rank0["samples"] == [8] and entry["suspect"] == "data" and rank0["blocks"]["block"] == "1"
+
+
 def test_a_grad_scaler_overflow_is_not_a_nan_origin(tmp_path):
     model = small_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

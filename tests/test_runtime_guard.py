@@ -155,6 +155,84 @@ def test_clip_uses_the_agreed_norm():
     assert grads["norm"] == pytest.approx(0.05, rel=1e-3)
 
 
+def test_blocking_false_skips_inside_the_fused_optimizer_and_accounts_a_step_later():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    guard = NonFiniteGuard(opt, blocking=False)
+    backward(model)
+    assert guard.step().applied
+    backward(model, poison=True)
+    before, steps_before = model.weight.detach().clone(), opt.state[model.weight]["step"].item()
+    outcome = guard.step(batch_index=7)
+    assert torch.equal(before, model.weight) and opt.state[model.weight]["step"].item() == steps_before
+    assert not outcome.applied and math.isnan(outcome.grad_norm)
+    assert guard.nonfinite_steps_skipped == 0  # the host reads the decision when the next step begins
+    backward(model)
+    assert guard.step().applied
+    assert guard.nonfinite_steps_skipped == 1 and guard.applied_steps == 1
+    record = guard.skipped_batches[-1]
+    assert record.step == 2 and record.ranks[0]["batch_index"] == 7 and record.culprit_ranks == [0]
+    guard.flush()
+    assert guard.applied_steps == 2 and not torch.equal(before, model.weight)
+
+
+def test_blocking_false_needs_an_optimizer_that_can_skip_on_the_device():
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match="fused=True"):
+        NonFiniteGuard(torch.optim.AdamW(model.parameters()), blocking=False)
+
+
+def test_blocking_false_with_a_grad_scaler_skips_once_and_lowers_the_scale():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1, fused=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    guard = NonFiniteGuard(opt, scaler=scaler, blocking=False)
+    scaler.scale(model(torch.randn(8, 4)).pow(2).mean()).backward()
+    model.weight.grad[0, 0] = float("inf")
+    before = model.weight.detach().clone()
+    assert not guard.step().applied
+    assert torch.equal(before, model.weight) and scaler.get_scale() == 128.0
+    model.zero_grad()
+    scaler.scale(model(torch.randn(8, 4)).pow(2).mean()).backward()
+    assert guard.step().applied and opt.state[model.weight]["step"].item() == 1
+    assert guard.nonfinite_steps_skipped == 1
+
+
+def guard_ops_per_step(layers: int) -> list[str]:
+    """The device ops one finite `guard.step()` runs before it hands over to the optimizer."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names, self.counting = [], True
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if self.counting and not str(func).startswith("profiler."):  # the optimizer's step marker
+                self.names.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(layers)])
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    guard = NonFiniteGuard(opt, check_weights_every=0)
+    model(torch.randn(3, 4)).pow(2).mean().backward()
+    ops = Ops()
+    opt.register_step_pre_hook(lambda *_: setattr(ops, "counting", False))
+    with ops:
+        assert guard.step().applied
+    return ops.names
+
+
+def test_a_finite_step_costs_a_fixed_handful_of_device_ops():
+    # One fused norm pass over every gradient, one combination and one read: on a GPU each op is a
+    # kernel launch or a wait, so neither their number nor the model's size may add per-tensor work.
+    small, large = guard_ops_per_step(2), guard_ops_per_step(40)
+    assert small == large, (small, large)
+    assert len(small) <= 4, small
+
+
 def test_importing_torchtriage_does_not_import_torch():
     code = "import sys, torchtriage; torchtriage.__getattr__; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -180,6 +258,27 @@ def test_inf_on_one_rank_makes_every_rank_skip(tmp_path):
     assert record["ranks"]["1"]["sample_ids"] == [1003, 1004]
     warnings = [line for line in lines["stderr"].splitlines() if "the update is skipped" in line]
     assert len(warnings) == 1 and "at step 3" in warnings[0]  # once per event, on rank 0 only
+
+
+@pytest.mark.slow
+def test_a_nan_on_one_rank_makes_every_rank_skip(tmp_path):
+    lines = run_job("inject_nan", tmp_path)
+    step3, step5 = by_step(lines, 3), by_step(lines, 5)
+    assert all(step3[rank]["applied"] is False and step3[rank]["changed"] is False for rank in (0, 1))
+    assert step5[0]["digest"] == step5[1]["digest"]
+    assert {d["rank"]: d["records"][0]["culprits"] for d in lines["DONE"]} == {0: [1], 1: [1]}
+
+
+@pytest.mark.slow
+def test_blocking_false_skips_on_every_rank_and_records_a_step_later(tmp_path):
+    lines = run_job("nonblocking", tmp_path)
+    step2, step3, step4, step5 = (by_step(lines, s) for s in (2, 3, 4, 5))
+    for rank in (0, 1):
+        assert step3[rank]["applied"] is False and step3[rank]["digest"] == step2[rank]["digest"]
+        assert step3[rank]["skipped"] == 0 and step4[rank]["skipped"] == 1
+    assert step5[0]["applied"] and step5[0]["digest"] == step5[1]["digest"]
+    records = {d["rank"]: d["records"] for d in lines["DONE"]}
+    assert all(r[0]["step"] == 3 and r[0]["culprits"] == [1] for r in records.values())
 
 
 @pytest.mark.slow

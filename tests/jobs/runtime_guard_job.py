@@ -6,6 +6,8 @@ whether the weights changed), `RAISED {...}` when the guard raised, `DONE {...}`
 
 Modes:
   inject_inf    rank 1's gradient gets an inf after the all-reduce at step 3 (one rank only)
+  inject_nan    the same with a NaN (a MAX reduction may drop a NaN: gloo's keeps the first rank's value)
+  nonblocking   inject_nan with NonFiniteGuard(blocking=False) and a fused SGD: skipped on the device
   consecutive   rank 1's gradient is inf at every step from step 2; max_consecutive_nonfinite_steps=3
   bad_weights   rank 1's weight becomes nan after step 2's update (its gradients stay finite)
   scaler        GradScaler("cpu"); rank 1's (scaled) gradient gets an inf at step 3
@@ -52,6 +54,8 @@ def main() -> None:
     if MODE == "pipeline":
         return pipeline_mode(rank, world)
     model, opt = C.make_model(lr=0.05)
+    if MODE == "nonblocking":
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, fused=True)
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1000) if MODE == "scaler" else None
     applied_by_optimizer = []
     opt.register_step_post_hook(lambda *_: applied_by_optimizer.append(1))
@@ -61,6 +65,7 @@ def main() -> None:
         max_grad_norm=0.01 if MODE == "clip" else None,
         max_consecutive_nonfinite_steps=3,
         check_weights_every=1 if MODE == "bad_weights" else 100,
+        blocking=MODE != "nonblocking",
     )
     try:
         for step, (x, y) in enumerate(C.batches(rank, STEPS), start=1):
@@ -69,9 +74,10 @@ def main() -> None:
             (scaler.scale(loss) if scaler is not None else loss).backward()
             C.all_reduce_grads(model, world)
             if rank == 1 and (
-                (MODE in ("inject_inf", "scaler") and step == 3) or (MODE == "consecutive" and step >= 2)
+                (MODE in ("inject_inf", "inject_nan", "nonblocking", "scaler") and step == 3)
+                or (MODE == "consecutive" and step >= 2)
             ):
-                model.weight.grad[0, 0] = float("inf")
+                model.weight.grad[0, 0] = float("nan") if MODE in ("inject_nan", "nonblocking") else float("inf")
             grad_norm_before = math.sqrt(sum(float(p.grad.float().pow(2).sum()) for p in model.parameters()))
             before = digest(model)
             outcome = guard.step(

@@ -120,8 +120,14 @@ class BlockFlags:
         self._forward = [None] * len(self.blocks)
         self._backward = [None] * len(self.blocks)
 
-    def read(self) -> dict[str, Any] | None:
-        """The origin block from this step's flags (one host copy); None when every flag is finite."""
+    def take(self) -> tuple[list, list]:
+        """This step's sums, and a new step begun: for a guard that reads them a step later."""
+        taken = (self._forward, self._backward)
+        self.reset()
+        return taken
+
+    def read(self, taken: tuple[list, list] | None = None) -> dict[str, Any] | None:
+        """The origin block from this step's flags, or from `take()`'s (one host copy); None when all are finite."""
         import torch
 
         def values(flags: list) -> list[bool | None]:
@@ -134,7 +140,8 @@ class BlockFlags:
                 out[i] = bool(finite)
             return out
 
-        forward, backward = values(self._forward), values(self._backward)
+        forward_sums, backward_sums = taken if taken is not None else (self._forward, self._backward)
+        forward, backward = values(forward_sums), values(backward_sums)
         names = [name for name, _ in self.blocks]
         for i, finite in enumerate(forward):
             if finite is False:

@@ -32,6 +32,13 @@ clipping see true values), makes the scaler's found-inf flag agree across ranks,
 `scaler.step`/`scaler.update` skip the step and lower the scale — the step is skipped once, by the
 scaler, and counted once. Gradient clipping (`max_grad_norm=`) uses the same agreed norm.
 
+With `blocking=False` (and an optimizer made with `fused=True`) no step waits for the device: the
+non-finite flag of the agreed norm goes to the optimizer's fused kernel (`found_inf`, the contract
+`GradScaler` uses), which skips the update on every rank alike, and the host reads the numbers when
+the next step begins (`pending_step`). The count, the warning, the record, the replays and the errors
+then come one step later, and `guard.step()` returns a `DeferredStepOutcome`, whose fields wait for
+the device when read.
+
 Where the value was born (`model=`, `locate=True`, and `guard.step(..., replay=closure)` where
 `closure()` recomputes the loss of the same batch): on a skipped step — agreed, so every rank takes
 the same path — every rank replays the batch twice under `locate_nonfinite`, the ranks gather their
@@ -42,9 +49,14 @@ own; FSDP2's collectives still run, on every rank together. Rank 0 appends the r
 reads. `watch="blocks"` adds a device-side sum per top-level block output (`block_flags`), read only
 on a skip, which names the block on the step itself.
 
-Cost when nothing is wrong: one pass over the gradients (what `clip_grad_norm_` does anyway), one
-all-reduce of two floats, and one device-to-host copy of them per step. `locate=True` costs nothing
-until a step is skipped; `watch="blocks"` costs one reduction kernel per block output.
+Cost when nothing is wrong, per step: one fused norm pass over the gradients (the kernel
+`clip_grad_norm_` uses: one read of every gradient), a dot of the per-tensor norms and one all-reduce
+of one float per group, a fixed handful of device ops whatever the model's size; and, with the
+default `blocking=True`, one device-to-host read, a wait for the device after which it idles while the
+host launches the optimizer, which on a GPU costs more than the norm. `locate=True` costs nothing
+until a step is skipped; the skipped step then takes many steps' time, since the two replays read
+every op's output on the host. `watch="blocks"` adds one reduction kernel per block output.
+benchmarks/helper_costs.py measures each of these.
 """
 
 from __future__ import annotations
@@ -59,6 +71,7 @@ from typing import Any
 
 from torchtriage.protocol import RUN_DIR_ENV
 from torchtriage.runtime import nonfinite_verdict
+from torchtriage.runtime.pending_step import DeferredStepOutcome, PendingStep
 
 logger = logging.getLogger("torchtriage.guard")
 
@@ -136,6 +149,10 @@ class NonFiniteGuard:
             non-finite value appeared, on every rank, and whether it is the data, numerics or hardware.
         report_dir: where rank 0 appends `nonfinite.jsonl` (default: the run folder of `torchtriage run`).
         watch: "blocks" (or a list of module names) keeps a device-side flag per block output.
+        blocking: True (default): each step reads the agreed norm on the host before it steps, so
+            `guard.step()` returns what it did; any optimizer. False: the decision stays on the device
+            (the optimizer's fused kernel skips the update), and the host reads it when the next step
+            begins, so no step waits for the device; needs an optimizer with `fused=True`.
     """
 
     def __init__(
@@ -153,9 +170,16 @@ class NonFiniteGuard:
         locate: bool = False,
         report_dir: str | os.PathLike | None = None,
         watch: str | list[str] | None = None,
+        blocking: bool = True,
     ):
         if (locate or watch) and model is None:
             raise ValueError("NonFiniteGuard: locate= and watch= need model= (the model the optimizer trains)")
+        if not blocking and not getattr(optimizer, "_step_supports_amp_scaling", False):
+            raise ValueError(
+                f"NonFiniteGuard(blocking=False) skips a step on the device, inside the optimizer's fused kernel, "
+                f"and {type(optimizer).__name__} has none: use torch.optim.AdamW, Adam, SGD or Adagrad with "
+                "fused=True, or blocking=True (any optimizer; one wait for the device per step)."
+            )
         self.optimizer = optimizer
         if parameters is None:
             parameters = [p for g in optimizer.param_groups for p in g["params"]]
@@ -177,6 +201,9 @@ class NonFiniteGuard:
         self._window_applied = 0
         self._window_skipped = 0
         self._warned_partial = False
+        self._groups: list[list] | None = None
+        self.blocking = bool(blocking)
+        self._pending = None  # blocking=False: the last step, read when the next one begins
         self.model = model
         self.locate = bool(locate)
         report_dir = report_dir if report_dir is not None else os.environ.get(RUN_DIR_ENV) or None
@@ -203,15 +230,47 @@ class NonFiniteGuard:
             return p.to_local().device if hasattr(p, "to_local") else p.device
         return torch.device("cpu")
 
-    def _sum_of_squares(self, tensors: list, *, reduce_shards: bool = True):
-        """Σ x² over `tensors` for this pipeline stage, in fp32; DTensor shards summed over their mesh.
+    def _plain_groups(self) -> list[list] | None:
+        """The parameters by (device, dtype) when none is a DTensor, else None.
 
-        Returns (stage_sum, local_nonfinite): the second says whether this rank's own values (before
-        any collective) were non-finite, which names the culprit rank in the skip record.
+        Decided once (a parameter stays what it is), so that the step's hot path inspects no tensor.
         """
+        if self._groups is None:
+            if any(hasattr(p, "placements") for p in self.parameters):
+                self._groups = []
+            else:
+                by_kind: dict = {}
+                for p in self.parameters:
+                    by_kind.setdefault((p.device, p.dtype), []).append(p)
+                self._groups = list(by_kind.values())
+        return self._groups or None
+
+    def _plain_sum(self, lists: list[list]):
+        """Σx² in fp32 over plain tensors, one fused pass per (device, dtype) list; a device tensor."""
         import torch
 
-        device = self._device()
+        total = None
+        for tensors in lists:
+            if tensors:
+                part = _sum_of_squares_on_device(tensors)
+                total = part if total is None else total + part.to(total.device)
+        return total if total is not None else torch.zeros((), dtype=torch.float32, device=self._device())
+
+    def _grad_sums(self):
+        """(stage_sum, own) of the gradients: see `_sum_of_squares`."""
+        groups = self._plain_groups()
+        if groups is None:
+            return self._sum_of_squares([p.grad for p in self.parameters if p.grad is not None])
+        own = self._plain_sum([[p.grad for p in group if p.grad is not None] for group in groups])
+        return own, own  # plain tensors: no collective between this rank's values and the stage's
+
+    def _sum_of_squares(self, tensors: list, *, reduce_shards: bool = True):
+        """(stage_sum, own): Σx² over `tensors` in fp32, DTensor shards summed over their mesh.
+
+        `own` is this rank's Σx² before any collective mixed in other ranks' values: it is
+        non-finite exactly when this rank's own values are, which names the culprit rank on a skip.
+        Both stay on the device: nothing is read here.
+        """
         plain, sharded = [], {}
         for t in tensors:
             placements = getattr(t, "placements", None)
@@ -231,70 +290,70 @@ class NonFiniteGuard:
                     shard_dims.append(dim)
             key = (id(t.device_mesh), tuple(shard_dims))
             sharded.setdefault(key, (t.device_mesh, tuple(shard_dims), []))[2].append(t.to_local())
-        local = torch.zeros((), dtype=torch.float32, device=device)
-        if plain:
-            local = local + self._local_sq(plain)
-        local_flags = [~torch.isfinite(local)]  # taken before any collective mixes in other ranks' values
+        device = self._device()
+        by_device: dict = {}
+        for t in plain:
+            by_device.setdefault(t.device, []).append(t)
+        own = self._plain_sum(list(by_device.values())).to(device)
+        total = own
         dist = _dist()
-        total = local
         for mesh, shard_dims, locals_ in sharded.values():
-            part = self._local_sq(locals_).to(device)
-            local_flags.append(~torch.isfinite(part))
+            by_device = {}
+            for t in locals_:
+                by_device.setdefault(t.device, []).append(t)
+            part = self._plain_sum(list(by_device.values())).to(device)
+            own = own + part  # before the reduction below, which writes into `part`
             if reduce_shards and dist is not None:
                 for dim in shard_dims:
                     dist.all_reduce(part, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
             total = total + part
-        if self.pipeline_group is not None and dist is not None:
-            dist.all_reduce(total, op=dist.ReduceOp.SUM, group=self.pipeline_group)
-        local_flag = torch.stack(local_flags).any()
-        return total, local_flag
+        return total, own
 
-    @staticmethod
-    def _local_sq(tensors: list):
+    def _agree(self, stage_sum) -> tuple[float, bool]:
+        """(norm, non-finite): the stages' sums added over `pipeline_group`, the largest over `group`.
+
+        One all-reduce per group of one float, and one device-to-host copy: the decision to step
+        needs the number on the host, the same on every rank. A NaN becomes +inf first, since a MAX
+        reduction may drop a NaN but never an inf (Σx² is never negative, so +inf means non-finite).
+        """
+        sum_sq = self._agreed_sum(stage_sum).item()  # the one host read of the step
+        if not math.isfinite(sum_sq):
+            return float("nan"), True
+        return math.sqrt(sum_sq), False
+
+    def _agreed_sum(self, stage_sum):
+        """The global Σx² on the device, the same on every rank (see `_agree`); nothing is read."""
         import torch
 
-        by_device: dict = {}
-        for t in tensors:
-            by_device.setdefault(t.device, []).append(t)
-        total = None
-        for device_tensors in by_device.values():
-            try:
-                norms = torch._foreach_norm(device_tensors, 2, dtype=torch.float32)
-            except (RuntimeError, TypeError):  # an old torch or an unsupported layout: the slow way
-                norms = [torch.linalg.vector_norm(t.float()) for t in device_tensors]
-            part = torch.stack([n.float() for n in norms]).square().sum()
-            total = part if total is None else total + part.to(total.device)
-        return total
-
-    def _agree(self, stage_sum, local_flag):
-        """One all-reduce (MAX) of [finite sum or 0, any non-finite] over `group`: the same answer everywhere."""
-        import torch
-
-        finite = torch.isfinite(stage_sum)
-        packed = torch.stack(
-            [torch.where(finite, stage_sum, torch.zeros_like(stage_sum)), (~finite | local_flag).float()]
-        )
         dist = _dist()
-        if dist is not None:
-            dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=self.group)
-        sum_sq, nonfinite = packed.tolist()  # the one host sync of the step: the decision needs it
-        return (float("nan") if nonfinite else math.sqrt(sum_sq)), bool(nonfinite)
+        if dist is None:
+            return stage_sum
+        agreed = torch.nan_to_num(stage_sum, nan=math.inf, posinf=math.inf, neginf=math.inf)
+        if self.pipeline_group is not None:
+            dist.all_reduce(agreed, op=dist.ReduceOp.SUM, group=self.pipeline_group)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self.group)
+        return agreed
 
     def grad_norm(self) -> float:
         """The global gradient norm, agreed across ranks (nan when any rank's gradients are non-finite)."""
-        grads = [p.grad for p in self.parameters if p.grad is not None]
-        stage_sum, local_flag = self._sum_of_squares(grads)
-        return self._agree(stage_sum, local_flag)[0]
+        return self._agree(self._grad_sums()[0])[0]
 
     def weights_finite(self) -> bool:
         """Whether every weight on every rank is finite (a collective: call it on every rank)."""
-        stage_sum, local_flag = self._sum_of_squares([p.detach() for p in self.parameters], reduce_shards=False)
-        del stage_sum  # only finiteness matters, and per-shard finiteness is enough for that
-        packed = local_flag.float().reshape(1)
+        import torch
+
+        with torch.no_grad():
+            groups = self._plain_groups()
+            if groups is None:
+                # per-shard finiteness is enough: no reduction over the mesh
+                own = self._sum_of_squares([p.detach() for p in self.parameters], reduce_shards=False)[1]
+            else:
+                own = self._plain_sum(groups)
+        flag = (~torch.isfinite(own)).float().reshape(1)
         dist = _dist()
         if dist is not None:
-            dist.all_reduce(packed, op=dist.ReduceOp.MAX, group=self.group)
-        return not bool(packed.item())
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return not bool(flag.item())
 
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clip the gradients to `max_norm` using the agreed global norm; returns the norm before clipping."""
@@ -345,7 +404,7 @@ class NonFiniteGuard:
         sample_ids: Any = None,
         step: int | None = None,
         replay=None,
-    ) -> StepOutcome:
+    ) -> StepOutcome | DeferredStepOutcome:
         """Apply the optimizer step if the agreed global gradient norm is finite; otherwise skip it everywhere.
 
         `loss` (optional) feeds the logging window (`log_window`); `batch_index` and `sample_ids`
@@ -353,18 +412,24 @@ class NonFiniteGuard:
         `replay` (with `locate=True`): a callable that recomputes the loss of the same batch, run only
         on a skipped step, on every rank, to find where the non-finite value was born.
         Raises `NonFiniteStepsError` on every rank after too many consecutive skips or on non-finite weights.
+
+        With `blocking=False` the step is applied or skipped on the device and a `DeferredStepOutcome`
+        is returned; the previous step's decision is accounted for first (counted, logged, replayed
+        when skipped, and raised on), so all of the above happens one step later.
         """
         self.step_count += 1
         step_number = self.step_count if step is None else int(step)
+        if not self.blocking:
+            return self._step_on_device(step_number, closure, loss, batch_index, sample_ids, replay)
         if self.scaler is not None and self.scaler.is_enabled():
             self._unscale()
-        grads = [p.grad for p in self.parameters if p.grad is not None]
-        stage_sum, local_flag = self._sum_of_squares(grads)
-        norm, nonfinite = self._agree(stage_sum, local_flag)
+        stage_sum, own = self._grad_sums()
+        norm, nonfinite = self._agree(stage_sum)
         self.last_grad_norm = norm
         if nonfinite:
+            own_nonfinite = not math.isfinite(own.item())
             try:
-                self._skip(step_number, norm, bool(local_flag.item()), batch_index, sample_ids, loss, replay)
+                self._skip(step_number, norm, own_nonfinite, batch_index, sample_ids, loss, replay)
             finally:
                 self._reset_block_flags()
             return StepOutcome(step_number, applied=False, grad_norm=norm)
@@ -377,6 +442,10 @@ class NonFiniteGuard:
             self.optimizer.step()
         else:
             self.optimizer.step(closure)
+        self._count_applied(step_number, loss)
+        return StepOutcome(step_number, applied=True, grad_norm=norm, clipped=bool(clipped))
+
+    def _count_applied(self, step_number: int, loss) -> None:
         self.applied_steps += 1
         self.consecutive_nonfinite_steps = 0
         self.last_applied_step = step_number
@@ -385,20 +454,107 @@ class NonFiniteGuard:
             self.applied_steps == 1 or self.applied_steps % self.check_weights_every == 0
         ):
             self._raise_if_weights_nonfinite(step_number)
-        return StepOutcome(step_number, applied=True, grad_norm=norm, clipped=bool(clipped))
+
+    # -- blocking=False: decided on the device, read a step later --------------------------------
+    def _step_on_device(self, step_number, closure, loss, batch_index, sample_ids, replay) -> DeferredStepOutcome:
+        import torch
+
+        self.flush()
+        scaler_on = self.scaler is not None and self.scaler.is_enabled()
+        if scaler_on:
+            self._unscale()
+        stage_sum, own = self._grad_sums()
+        agreed = self._agreed_sum(stage_sum)
+        found_inf = torch.isfinite(agreed).logical_not().float()  # 1.0: the fused kernel skips the update
+        if self.max_grad_norm is not None:
+            self._clip_on_device(agreed)
+        args = () if closure is None else (closure,)
+        if scaler_on:
+            states = getattr(self.scaler, "_per_optimizer_states", {}).get(id(self.optimizer), {})
+            for flag in states.get("found_inf_per_device", {}).values():
+                flag.copy_(found_inf)  # any rank's non-finite value, so the scale is lowered alike everywhere
+            self.scaler.step(self.optimizer, *args)
+            self.scaler.update()
+        else:
+            self.optimizer.grad_scale, self.optimizer.found_inf = None, found_inf
+            try:
+                self.optimizer.step(*args)
+            finally:
+                del self.optimizer.grad_scale, self.optimizer.found_inf
+        self._pending = PendingStep(
+            step_number,
+            torch.stack([agreed, own.to(agreed.device)]),
+            batch_index=batch_index,
+            sample_ids=sample_ids,
+            loss=loss.detach() if isinstance(loss, torch.Tensor) else loss,
+            replay=replay,
+            blocks=self.block_flags.take() if self.block_flags is not None else None,
+        )
+        return DeferredStepOutcome(self._pending, self.max_grad_norm)
+
+    def _clip_on_device(self, agreed_sum) -> None:
+        """Clip to `max_grad_norm` with a coefficient that stays on the device (as `clip_grad_norm_` does)."""
+        import torch
+
+        coef = (float(self.max_grad_norm) / (agreed_sum.sqrt() + 1e-6)).clamp(max=1.0)
+        grads = [getattr(p.grad, "_local_tensor", p.grad) for p in self.parameters if p.grad is not None]
+        try:
+            torch._foreach_mul_(grads, coef)
+        except (RuntimeError, TypeError):
+            for g in grads:
+                g.mul_(coef.to(g.device))
+
+    def flush(self) -> None:
+        """Account for the last step now (`blocking=False`); otherwise the next `step()` does it first.
+
+        When that step was skipped, this gathers its record (and replays it with `locate=True`) on
+        every rank, and may raise `NonFiniteStepsError`: call it on every rank, as `step()` is.
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        agreed, own = pending.numbers()
+        if math.isfinite(agreed):
+            self.last_grad_norm = math.sqrt(agreed)
+            self._count_applied(pending.step, pending.loss)
+            return
+        self.last_grad_norm = float("nan")
+        self._skip(
+            pending.step,
+            float("nan"),
+            not math.isfinite(own),
+            pending.batch_index,
+            pending.sample_ids,
+            pending.loss,
+            pending.replay,
+            blocks=pending.blocks,
+            skipped_on_device=True,
+        )
 
     def _reset_block_flags(self) -> None:
         if self.block_flags is not None:
             self.block_flags.reset()
 
     def _skip(
-        self, step_number: int, norm: float, local_nonfinite: bool, batch_index, sample_ids, loss=None, replay=None
+        self,
+        step_number: int,
+        norm: float,
+        local_nonfinite: bool,
+        batch_index,
+        sample_ids,
+        loss=None,
+        replay=None,
+        *,
+        blocks=None,
+        skipped_on_device: bool = False,
     ) -> None:
+        """Count, record and report a skipped step; `skipped_on_device`: the fused kernel already skipped
+        it (and the scaler lowered its scale), and the gradients now held are the next step's."""
         self.nonfinite_steps_skipped += 1
         self.consecutive_nonfinite_steps += 1
         self._window_skipped += 1
-        scaler_used = False
-        if self.scaler is not None and self.scaler.is_enabled():
+        scaler_used = skipped_on_device and self.scaler is not None and self.scaler.is_enabled()
+        if self.scaler is not None and self.scaler.is_enabled() and not skipped_on_device:
             try:
                 self._force_scaler_skip()
                 self.scaler.step(self.optimizer)  # skips: found_inf is set on every rank
@@ -406,8 +562,9 @@ class NonFiniteGuard:
                 scaler_used = True
             except _ScalerUnavailable:
                 pass
-        self.optimizer.zero_grad(set_to_none=True)
-        found = self._find_origin(loss, replay)
+        if not skipped_on_device:
+            self.optimizer.zero_grad(set_to_none=True)
+        found = self._find_origin(loss, replay, blocks)
         record = self._record(step_number, norm, local_nonfinite, batch_index, sample_ids, found)
         rank = self._rank()
         if rank == 0:
@@ -486,7 +643,7 @@ class NonFiniteGuard:
     def _sharded_weights(self) -> bool:
         return any(hasattr(p, "placements") for p in self.parameters)
 
-    def _find_origin(self, loss, replay) -> dict[str, Any] | None:
+    def _find_origin(self, loss, replay, blocks=None) -> dict[str, Any] | None:
         """This rank's evidence for the skipped step: its loss, its block flags and two replays' origins.
 
         Every rank gets here together (the skip is agreed), so the replays' collectives (FSDP2's
@@ -500,7 +657,7 @@ class NonFiniteGuard:
         if isinstance(loss, torch.Tensor):
             found["loss_finite"] = bool(torch.isfinite(loss.detach()).all().item())
         if self.block_flags is not None:
-            found["blocks"] = {"block": None} | (self.block_flags.read() or {})
+            found["blocks"] = {"block": None} | (self.block_flags.read(blocks) or {})
         if self.locate and replay is not None:
             found["replayed"] = True
             try:
@@ -595,6 +752,18 @@ class NonFiniteGuard:
         for key, value in state.items():
             if key in self.state_dict():
                 setattr(self, key, value)
+
+
+def _sum_of_squares_on_device(tensors: list):
+    """Σx² in fp32 of tensors on one device: the fused norm pass `clip_grad_norm_` uses, then one dot."""
+    import torch
+
+    try:
+        norms = torch._foreach_norm(tensors, 2.0, dtype=torch.float32)
+    except (RuntimeError, TypeError):  # an old torch or an unsupported layout: the slow way
+        norms = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
+    stacked = torch.stack(norms)
+    return torch.dot(stacked, stacked)
 
 
 def _batch_of(info: dict[str, Any]) -> dict[str, Any]:
