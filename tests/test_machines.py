@@ -63,10 +63,17 @@ def test_every_verdict_of_a_hung_job_names_the_culprits_host_and_pid(tmp_path):
     assert f"machine: rank 1: host node-b, pid {job.ready[1]}" in page.read_text()
 
 
-def test_a_verdict_whose_sources_place_no_rank_says_so():
-    # A console log of a rank that raised: nothing read says which host it ran on (here, in every rendering).
-    done = run_cli("triage", FIXTURES / "logs" / "raise_in_rank", "--json")
-    verdict = json.loads(done.stdout)
+def test_a_verdict_whose_sources_place_no_rank_says_so(tmp_path):
+    # A rank's traceback with no launcher report, no capture, no record: nothing read says where it ran.
+    log = tmp_path / "job.log"
+    log.write_text(
+        "[rank1]: Traceback (most recent call last):\n"
+        '[rank1]:   File "/srv/job/train.py", line 12, in <module>\n'
+        "[rank1]:     step()\n"
+        "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 1 has a total capacity "
+        "of 79.10 GiB of which 1.12 GiB is free.\n"
+    )
+    verdict = json.loads(run_cli("triage", log, "--json").stdout)
     assert verdict["culprit_ranks"] == [1]
     assert verdict["culprit_machines"] == [
         {
@@ -81,8 +88,19 @@ def test_a_verdict_whose_sources_place_no_rank_says_so():
             "sources": [],
         }
     ]
-    text = run_cli("triage", FIXTURES / "logs" / "raise_in_rank").stdout.decode()
+    text = run_cli("triage", log).stdout.decode()
     assert "machine   not recorded: nothing read says where rank 1 ran" in text
+
+
+def test_torchruns_failure_report_places_the_culprit_in_a_log():
+    # A real torchrun job's console: its failure report names each failed child's host and pid.
+    verdict = json.loads(run_cli("triage", FIXTURES / "logs" / "raise_in_rank", "--json").stdout)
+    assert verdict["culprit_ranks"] == [1]
+    (machine,) = verdict["culprit_machines"]
+    report = (FIXTURES / "logs" / "raise_in_rank" / "run.log").read_text()
+    entry = report[report.index("rank      : 1 (local_rank: 1)") :]
+    pid = int(entry.split("(pid: ", 1)[1].split(")", 1)[0])
+    assert (machine["host"], machine["pid"], machine["sources"]) == ("localhost", pid, ["launcher"])
 
 
 @pytest.mark.parametrize(

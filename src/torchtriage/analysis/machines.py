@@ -6,7 +6,9 @@ Three kinds of source place a rank, each trusted for what it saw itself:
 - a live capture's `summary.json` (collect/capture.py): the host and pid of each process it found, now;
 - the ranks' identity records (`DIR/identity/rank<N>.json`, sources/identity.py): host, pid and local rank
   from the rank itself at start, and its GPU (index, UUID, PCI bus id) once CUDA was in use;
-- a stack dump's header (py-spy's `Process 4242: ...`): the pid of the process dumped.
+- a stack dump's header (py-spy's `Process 4242: ...`): the pid of the process dumped;
+- torchrun's failure report in a log (`host : node-07`, `exitcode : 1 (pid: 4242)` under each failed rank,
+  the verdict's fact `launcher_processes`): where the launcher saw each failed child run.
 
 What one says first is kept and the others fill what it left unknown; each machine names the sources that
 told. A culprit no source placed keeps a Machine with nothing known, which every renderer says as such.
@@ -42,6 +44,20 @@ def from_stacks(stacks: Mapping[int, Any] | None) -> dict[int, Machine]:
     return found
 
 
+def from_launcher_report(facts: Mapping[str, Any]) -> dict[int, Machine]:
+    """Rank -> host and pid, from torchrun's failure report as the log analysis read it (`launcher_processes`)."""
+    found = {}
+    processes = facts.get("launcher_processes")
+    for rank, process in processes.items() if isinstance(processes, Mapping) else ():
+        host, pid = process.get("host"), process.get("pid")
+        if str(rank).isdigit() and (isinstance(host, str) or isinstance(pid, int)):
+            found[int(rank)] = Machine(
+                int(rank), host=host if isinstance(host, str) and host else None,
+                pid=pid if isinstance(pid, int) and pid > 0 else None, sources=("launcher",),
+            )  # fmt: skip
+    return found
+
+
 def merge(*layers: Mapping[int, Machine]) -> dict[int, Machine]:
     """Rank -> machine: the first layer that places a rank decides, the later ones fill what it left unknown. A
     later layer that names another process for the rank fills nothing (it saw another process: a restart)."""
@@ -73,9 +89,10 @@ def machines_of(inputs: Iterable[Any], stacks: Mapping[int, Any] | None, problem
 
 
 def attach_machines(verdict: Verdict, inputs: Iterable[Any], stacks: Mapping[int, Any] | None = None) -> Verdict:
-    """The verdict with its culprits' machines, from the inputs and stacks its analysis read."""
+    """The verdict with its culprits' machines, from the inputs and stacks its analysis read, then from the
+    launcher's report its logs hold."""
     problems: list[str] = []
-    machines = machines_of(inputs, stacks, problems)
+    machines = merge(machines_of(inputs, stacks, problems), from_launcher_report(verdict.facts))
     verdict.culprit_machines = culprit_machines(verdict.culprit_ranks, machines)
     verdict.problems.extend(problems)
     return verdict

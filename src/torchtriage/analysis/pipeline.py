@@ -6,6 +6,7 @@ import io
 from pathlib import Path
 
 from torchtriage.analysis.fusion import verdict_of
+from torchtriage.analysis.machines import attach_machines
 from torchtriage.analysis.nonfinite_values import read_nonfinite_values
 from torchtriage.analysis.triage import assess_logs
 from torchtriage.errors import InputError
@@ -52,7 +53,10 @@ def assess_paths(paths: list[str], matcher: Matcher | None = None) -> Assessment
 def triage_paths(paths: list[str], extra_rules_dir: str | None = None) -> Verdict:
     """Triage log files, folders and `-` (stdin). Raises InputError when nothing could be read."""
     matcher = matcher_for(extra_rules_dir)
-    return verdict_of(assess_paths(paths, matcher), rules=matcher.rules_by_id)
+    problems: list[str] = []
+    inputs = discover(paths, problems)
+    verdict = verdict_of(assess_inputs(inputs, matcher, problems), rules=matcher.rules_by_id)
+    return attach_machines(verdict, inputs)
 
 
 def triage_text(text: str | bytes, name: str = "<text>") -> Verdict:
@@ -60,4 +64,4 @@ def triage_text(text: str | bytes, name: str = "<text>") -> Verdict:
     data = text.encode("utf-8", errors="replace") if isinstance(text, str) else text
     records = LogRecords()
     read_logs([log_input(name)], matcher_for(), records, opener=lambda _: io.BytesIO(data))
-    return verdict_of(assess_logs(read_nonfinite_values(records)))
+    return attach_machines(verdict_of(assess_logs(read_nonfinite_values(records))), [])

@@ -295,6 +295,12 @@ def _child_failure_facts(failures: list[ChildFailure]) -> dict:
         if failure.rank is not None and failure.exit_code is not None:
             exits[str(failure.rank)] = failure.exit_code
     facts: dict = {"exit_codes": exits} if exits else {}
+    # Where torchrun's report says each failed child ran: the host and pid of its entry.
+    processes = {
+        str(f.rank): {"host": f.host, "pid": f.pid} for f in failures if f.rank is not None and (f.host or f.pid)
+    }
+    if processes:
+        facts["launcher_processes"] = processes
     root = next((f for f in failures if f.root_cause and f.rank is not None), None)
     if root is not None:
         facts["launcher_root_cause_rank"] = root.rank

@@ -21,7 +21,10 @@ STRUCTURE_MARKERS = (
     "KeyboardInterrupt",  # a traceback's exception line that holds neither word above
     "Root Cause (first observed failure)",
     "Failures:",
-    # the fields of torchrun's report that name the rank and how it ended
+    # the fields of torchrun's report (torch/distributed/elastic/multiprocessing/errors: `_format_failure`) that
+    # start an entry, name its host, its rank and how it ended
+    "  time      : ",
+    "  host      : ",
     "(local_rank: ",
     "exitcode  :",
 )
