@@ -126,3 +126,11 @@ def test_a_record_without_a_rank_is_named_not_trusted(tmp_path):
     path = tmp_path / "rank3.json"
     path.write_text(json.dumps({"schema": IDENTITY_SCHEMA, "rank": "three", "host": "a17"}))
     assert read_identity(str(path)) == f"{path}: an identity record without a rank."
+
+
+def test_a_post_mortem_folder_takes_the_host_from_the_launchers_report_and_the_pid_from_the_stacks():
+    # A real 2-rank NCCL hang on one H200: rank 1's stack dump names its process, torchrun's report its host.
+    verdict = json.loads(run_cli("diagnose", FIXTURES / "h200x2" / "skip", "--json").stdout)
+    (machine,) = verdict["culprit_machines"]
+    assert (machine["rank"], machine["host"], machine["pid"]) == (1, "localhost", 670)
+    assert machine["sources"] == ["stacks", "launcher"]

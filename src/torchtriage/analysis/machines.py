@@ -88,11 +88,15 @@ def machines_of(inputs: Iterable[Any], stacks: Mapping[int, Any] | None, problem
     return merge(from_captures(captures), identities, from_stacks(stacks))
 
 
-def attach_machines(verdict: Verdict, inputs: Iterable[Any], stacks: Mapping[int, Any] | None = None) -> Verdict:
+def attach_machines(
+    verdict: Verdict, inputs: Iterable[Any], stacks: Mapping[int, Any] | None = None, facts: Iterable[Mapping] = ()
+) -> Verdict:
     """The verdict with its culprits' machines, from the inputs and stacks its analysis read, then from the
-    launcher's report its logs hold."""
+    launcher's report its logs hold (the verdict's facts, and `facts`: those of the assessments it was fused
+    from, whose facts fusion may not carry)."""
     problems: list[str] = []
-    machines = merge(machines_of(inputs, stacks, problems), from_launcher_report(verdict.facts))
+    reports = [from_launcher_report(f) for f in (verdict.facts, *facts)]
+    machines = merge(machines_of(inputs, stacks, problems), *reports)
     verdict.culprit_machines = culprit_machines(verdict.culprit_ranks, machines)
     verdict.problems.extend(problems)
     return verdict

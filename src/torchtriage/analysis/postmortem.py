@@ -172,7 +172,8 @@ def analyse_run(
             "nothing readable: no log, py-spy or faulthandler dump, flight-recorder dump, profiler trace or "
             f"memory snapshot could be read:\n  {reasons_text}"
         )
-    run.verdict = attach_machines(fuse(run.assessments, reasons, expected=HANG_SOURCES), found.inputs, run.stacks)
+    verdict = fuse(run.assessments, reasons, expected=HANG_SOURCES)
+    run.verdict = attach_machines(verdict, found.inputs, run.stacks, [a.facts for a in run.assessments])
     run.verdict.problems[:0] = problems + not_read_here(found.inputs, RUN_KINDS)
     return run
 
