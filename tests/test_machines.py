@@ -4,24 +4,28 @@ says so when none does. The job is real: torchrun + gloo under `torchtriage run`
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import socket
 import stat
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from conftest import FIXTURES, run_cli
-from hung_job import TORCHRUN, HungJob
+from hung_job import TORCHRUN, HungJob, ready_lines
 from torchtriage.protocol import IDENTITY_SCHEMA, TEST_HOSTNAME_ENV
 from torchtriage.sources.identity import read_identity
+from torchtriage.sources.registrations import REGISTRATIONS_SCHEMA, read_registrations, registered_host
 
 PY_SPY = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
 
 
 def _wait_for(path: Path, job: HungJob, seconds: float = 120) -> None:
-    import time
-
     deadline = time.monotonic() + seconds
     while not path.exists():
         assert time.monotonic() < deadline, f"{path} never appeared:\n" + "".join(job.output[-30:])
@@ -61,6 +65,102 @@ def test_every_verdict_of_a_hung_job_names_the_culprits_host_and_pid(tmp_path):
     page = tmp_path / "report.html"
     run_cli("report", out, "--html", page)
     assert f"machine: rank 1: host node-b, pid {job.ready[1]}" in page.read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
+def test_the_watchdogs_own_verdict_and_runs_end_line_name_the_culprits_machine(tmp_path):
+    # The watchdog's verdict is the one a user reads first (DIR/hang/verdict.txt, and `run`'s last lines): it names
+    # the host the culprit recorded ("node-b", a test-only override of the host name) beside the pid its stack gives.
+    out = tmp_path / "run"
+    run = [sys.executable, "-m", "torchtriage", "run", "--out", str(out), "--stall-seconds", "3", "--"]
+    with HungJob(mode="skip", culprit=1, prefix=run, env={TEST_HOSTNAME_ENV: "node-b"}) as job:
+        _wait_for(out / "hang" / "verdict.json", job)
+        os.kill(job.agent, signal.SIGTERM)  # as a scheduler ends a job: `run` passes it on, then says how it ended
+        job.proc.wait(timeout=60)
+        deadline = time.monotonic() + 10
+        while not any("torchtriage run: the job" in line for line in job.output) and time.monotonic() < deadline:
+            time.sleep(0.2)  # the last lines are still in the pipe
+    verdict = json.loads((out / "hang" / "verdict.json").read_text())
+    assert verdict["culprit_ranks"] == [1], verdict["summary"]
+    (machine,) = verdict["culprit_machines"]
+    assert (machine["host"], machine["pid"], machine["local_rank"]) == ("node-b", job.ready[1], 1)
+    assert "identity" in machine["sources"]
+    assert f"rank 1: host node-b, pid {job.ready[1]}" in (out / "hang" / "verdict.txt").read_text()
+    (said,) = [line for line in job.output if line.startswith("torchtriage run: a stall was diagnosed")]
+    assert f"the culprit ran on node-b (pid {job.ready[1]})" in said, "".join(job.output[-20:])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
+def test_a_diagnosis_through_the_store_names_the_host_each_rank_registered(tmp_path):
+    # `diagnose --store` reaches the ranks through the URLs their debug servers registered in the job's store
+    # (http://<the rank's host>:<port>); that host, and the pid the rank's stack names, place the culprit.
+    from hung_job import clean_environment, stop_agents
+    from test_debug_server import _diagnose_until_hung, _ready_lines, _start_agents, _store_address
+
+    procs = _start_agents(tmp_path / "run", "hang.py", clean_environment(HANG_MODE="skip", HANG_CULPRIT="1"), 1, 2)
+    try:
+        ready = ready_lines("".join(_ready_lines(procs[0])))
+        address = _store_address(tmp_path / "run", procs)
+        verdict = _diagnose_until_hung(address, 2, tmp_path)
+    finally:
+        stop_agents(procs)
+    assert verdict["culprit_ranks"] == [1], verdict["summary"]
+    (machine,) = verdict["culprit_machines"]
+    assert (machine["host"], machine["pid"]) == (socket.gethostname(), ready[1])
+    assert "debug_server" in machine["sources"]
+
+
+# What `kubectl get pods -o custom-columns=NAME:.metadata.name,NODE:.spec.nodeName` prints for the pods of
+# STANDIN_PODS, their nodes from STANDIN_NODES (pod=node,...); everything else is the shared stand-in's.
+_KUBECTL_WITH_NODES = """#!{python}
+import os, sys
+args = sys.argv[1:]
+if args[:2] == ["get", "pods"] and any(a.startswith("custom-columns=") for a in args):
+    nodes = dict(pair.split("=") for pair in os.environ["STANDIN_NODES"].split(","))
+    print("\\n".join(f"{{pod}}   {{nodes.get(pod, '<none>')}}" for pod in os.environ["STANDIN_PODS"].split(",")))
+    sys.exit(0)
+os.execv(sys.executable, [sys.executable, {standin!r}, *args])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
+@pytest.mark.skipif(not Path(PY_SPY).exists(), reason="py-spy is not installed")
+def test_a_diagnosis_of_pods_names_the_node_the_culprits_pod_ran_on(tmp_path):
+    # Two pods of one job, two ranks each, rank 2 hanging. The machine to cordon or drain is the pod's node, which
+    # kubectl knows (the pod itself does not): the verdict names it, with the pid the pod's capture found.
+    from hung_job import clean_environment, stop_agents
+    from test_debug_server import STANDINS, _ready_lines, _start_agents
+
+    pods, nodes = ["myjob-master-0", "myjob-worker-0"], ["gpu-node-a", "gpu-node-b"]
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(_KUBECTL_WITH_NODES.format(python=sys.executable, standin=str(STANDINS / "kubectl")))
+    kubectl.chmod(0o755)
+    path = os.pathsep.join((str(kubectl.parent), str(Path(sys.executable).parent), os.environ["PATH"]))
+    selector = "training.kubeflow.org/job-name=myjob"
+    env = {**os.environ, "PATH": path, "STANDIN_PODS": ",".join(pods), "STANDIN_SELECTOR": selector,
+           "STANDIN_NODES": ",".join(f"{pod}={node}" for pod, node in zip(pods, nodes, strict=True))}  # fmt: skip
+    job = clean_environment(HANG_MODE="skip", HANG_CULPRIT="2")
+    procs = _start_agents(tmp_path / "run", "hang.py", job, 2, 2, pods=pods)
+    try:
+        ready = ready_lines("".join(line for proc in procs for line in _ready_lines(proc)))
+        time.sleep(2)
+        command = [sys.executable, "-m", "torchtriage", "diagnose", "--pods", selector, "--out", str(tmp_path / "pods")]
+        done = subprocess.run([*command, "--json"], env=env, capture_output=True, text=True, timeout=180)
+    finally:
+        stop_agents(procs)
+    assert done.stdout.startswith("{"), done.stderr[-2000:]
+    verdict = json.loads(done.stdout)
+    assert verdict["culprit_ranks"] == [2], verdict["summary"]
+    summaries = {pod: json.loads((tmp_path / "pods" / pod / "summary.json").read_text()) for pod in pods}
+    (holder,) = [pod for pod in pods if 2 in {p["rank"] for p in summaries[pod]["processes"]}]
+    (machine,) = verdict["culprit_machines"]
+    assert (machine["host"], machine["pid"]) == (nodes[pods.index(holder)], ready[2])
+    assert "capture" in machine["sources"]
+    assert summaries[holder]["kubernetes"] == {"pod": holder, "namespace": None, "node": nodes[pods.index(holder)]}
 
 
 def test_a_verdict_whose_sources_place_no_rank_says_so(tmp_path):
@@ -134,3 +234,31 @@ def test_a_post_mortem_folder_takes_the_host_from_the_launchers_report_and_the_p
     (machine,) = verdict["culprit_machines"]
     assert (machine["rank"], machine["host"], machine["pid"]) == (1, "localhost", 670)
     assert machine["sources"] == ["stacks", "launcher"]
+
+
+@pytest.mark.parametrize(
+    "url, host",
+    [
+        ("http://node-07:41234", "node-07"),
+        ("http://GPU-Node-3.cluster.local:80", "GPU-Node-3.cluster.local"),  # as gethostname() said it
+        ("http://[fe80::1]:8080", "fe80::1"),
+        ("https://node-07:1", None),
+        ("http://:80", None),
+        ("<a value of 9,000 bytes>", None),
+    ],
+)
+def test_a_registered_url_gives_the_host_the_rank_wrote(url, host):
+    assert registered_host(url) == host
+
+
+def test_registrations_from_a_store_are_read_field_by_field(tmp_path):
+    # The store is another machine's: a host that is no name, ranks that are no ranks are left out, never trusted.
+    path = tmp_path / "registrations.json"
+    hosts = {"node-a": [0, 1], "node-b": [2, "3", -1, 1 << 40, None], "bad\nhost": [4], "": [5], "node-c": "6"}
+    path.write_text(json.dumps({"schema": REGISTRATIONS_SCHEMA, "hosts": hosts}))
+    problems: list[str] = []
+    assert read_registrations(str(path), problems) == {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}
+    assert problems == []
+    path.write_text(json.dumps({"schema": REGISTRATIONS_SCHEMA, "hosts": ["node-a"]}))
+    assert read_registrations(str(path), problems) == {}
+    assert problems == [f"{path}: not a record of the debug servers' registrations ({REGISTRATIONS_SCHEMA})."]

@@ -1,11 +1,14 @@
 """The culprit's machine: which host, process and GPU each culprit rank ran on, from every source that says.
 
 An operator acts on machines (drain a host, reset a GPU), so a verdict names the culprit's besides its rank.
-Three kinds of source place a rank, each trusted for what it saw itself:
+Each of these sources places a rank, each trusted for what it saw itself:
 
-- a live capture's `summary.json` (collect/capture.py): the host and pid of each process it found, now;
+- a live capture's `summary.json` (collect/capture.py): the host and pid of each process it found, now; for a
+  pod's capture (`diagnose --pods`), the node kubectl placed the pod on;
 - the ranks' identity records (`DIR/identity/rank<N>.json`, sources/identity.py): host, pid and local rank
   from the rank itself at start, and its GPU (index, UUID, PCI bus id) once CUDA was in use;
+- the debug servers' registrations in the job's store (`diagnose --store`, sources/registrations.py): the host
+  each rank's worker registered its URL under;
 - a stack dump's header (py-spy's `Process 4242: ...`): the pid of the process dumped;
 - torchrun's failure report in a log (`host : node-07`, `exitcode : 1 (pid: 4242)` under each failed rank,
   the verdict's fact `launcher_processes`): where the launcher saw each failed child run.
@@ -23,14 +26,24 @@ from typing import Any
 from torchtriage.model import Machine, SourceKind, Verdict
 from torchtriage.sources.captures import CAPTURE_SUMMARY, NodeCapture, read_capture
 from torchtriage.sources.identity import read_identities
+from torchtriage.sources.registrations import REGISTRATIONS_FILE, read_registrations
 
 
 def from_captures(captures: Iterable[NodeCapture]) -> dict[int, Machine]:
-    """Rank -> host and pid, from live captures' summaries."""
+    """Rank -> host and pid, from live captures' summaries (a pod's: its node, and the pid in the pod)."""
     return {
-        rank: Machine(rank, host=capture.host, pid=pid if pid > 0 else None, sources=("capture",))
+        rank: Machine(rank, host=capture.machine, pid=pid if pid > 0 else None, sources=("capture",))
         for capture in captures
         for rank, pid in capture.pids.items()
+    }
+
+
+def from_registrations(paths: Iterable[str], problems: list[str]) -> dict[int, Machine]:
+    """Rank -> host, from the hosts the ranks' debug servers registered in the job's store."""
+    return {
+        rank: Machine(rank, host=host, sources=("debug_server",))
+        for path in paths
+        for rank, host in read_registrations(path, problems).items()
     }
 
 
@@ -80,12 +93,15 @@ def culprit_machines(culprits: Iterable[int], machines: Mapping[int, Machine]) -
 def machines_of(inputs: Iterable[Any], stacks: Mapping[int, Any] | None, problems: list[str]) -> dict[int, Machine]:
     """Rank -> machine from the inputs a run analysis found (registry `Input`s) and the stacks it read."""
     inputs = list(inputs)
-    summaries = [
-        i.path for i in inputs if i.kind == SourceKind.TORCHTRIAGE_OUTPUT and Path(i.path).name == CAPTURE_SUMMARY
-    ]
-    captures = [c for c in map(read_capture, summaries) if c is not None]
+    ours = [i.path for i in inputs if i.kind == SourceKind.TORCHTRIAGE_OUTPUT]
+    captures = [c for c in map(read_capture, _named(ours, CAPTURE_SUMMARY)) if c is not None]
     identities = read_identities([i.path for i in inputs if i.kind == SourceKind.IDENTITY], problems)
-    return merge(from_captures(captures), identities, from_stacks(stacks))
+    registered = from_registrations(_named(ours, REGISTRATIONS_FILE), problems)
+    return merge(from_captures(captures), identities, registered, from_stacks(stacks))
+
+
+def _named(paths: Iterable[str], name: str) -> list[str]:
+    return [path for path in paths if Path(path).name == name]
 
 
 def attach_machines(

@@ -42,6 +42,7 @@ from torchtriage.ranks import format_ranks
 from torchtriage.sources import limits
 from torchtriage.sources.isolated import Stopped
 from torchtriage.sources.limits import LimitExceeded
+from torchtriage.sources.registrations import write_registrations
 
 # (handler, query, the file it becomes): the readers of `diagnose DIR` keep the richer stack of a rank
 STACK_HANDLERS = (
@@ -390,6 +391,8 @@ def collect(address: str, folder: Path, world_size: int | None = None, timeout_s
     policy = limits.active()
     budget = SharedBytes(policy.answers, len(requests), policy.bytes)
     answered, not_answering, cut, kept = file_answers(folder, asked, fetch_all(requests, timeout_s, budget), budget)
+    if kept:  # where each rank runs, as it registered itself: beside what the ranks said, never alone
+        write_registrations(folder, f"{host}:{port}", registered)
     not_answering |= malformed
     unregistered = [rank for rank, url in enumerate(view.urls) if url is None]
     result = Collected(folder, view.world_size, answered, unregistered, not_answering, cut, kept)

@@ -276,11 +276,12 @@ def select_ranks(
 def jobs_in_place(
     jobs: Mapping[int, list[ProcessFacts]], table: Mapping[int, ProcessFacts], place: Mapping[str, str]
 ) -> dict[int, list[ProcessFacts]]:
-    """The jobs of `place` (a SLURM job, a pod): those whose agent's environment carries it, value for value. Only
-    when none does, those that say nothing to the contrary (started by hand inside the allocation, or an
-    environment this user cannot read): a job that carries the place is never lost among jobs that say nothing."""
+    """The jobs of `place` (a SLURM job, a pod): those whose agent's environment carries it, value for value. A
+    SLURM job is nothing else: SLURM sets SLURM_JOB_ID in every process of a job, its batch script's and its
+    steps', so a job that does not carry it is another's. A pod's HOSTNAME may be missing from an environment
+    its process replaced: only when no job carries it, those that say nothing to the contrary are the pod's."""
     carrying = {a: w for a, w in jobs.items() if all(table[a].env.get(k) == v for k, v in place.items())}
-    if carrying:
+    if carrying or "SLURM_JOB_ID" in place:
         return carrying
     return {a: w for a, w in jobs.items() if all(table[a].env.get(k, v) == v for k, v in place.items())}
 

@@ -41,6 +41,7 @@ from torchtriage.protocol import (
     DEBUG_SERVER_ENV,
     FR_PREFIX,
     FR_SUBDIR,
+    IDENTITY_SUBDIR,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
     VERDICT_STEM,
@@ -494,7 +495,8 @@ class HangWatchdog:
         # meanwhile, this verdict never lands among that stall's files.
         env = {k: v for k, v in os.environ.items() if k not in (RUN_DIR_ENV, STALL_SECONDS_ENV)}
         staging = self.out_dir / f".verdict-{episode}"
-        command = [sys.executable, "-m", "torchtriage", "diagnose", str(self.out_dir), "--write-verdict", str(staging)]
+        command = [sys.executable, "-m", "torchtriage", "diagnose", str(self.out_dir), *self._identities()]
+        command += ["--write-verdict", str(staging)]
         done = subprocess.run(
             command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=_VERDICT_TIMEOUT_S, check=False
         )
@@ -512,6 +514,12 @@ class HangWatchdog:
             staging.rmdir()
         except OSError:
             pass
+
+    def _identities(self) -> list[str]:
+        """The ranks' identity records of this attempt, when `run` armed the job: the verdict then names the culprit's
+        host (and GPU) beside the pid its stack dump gives."""
+        folder = Path(self.run_dir) / IDENTITY_SUBDIR if self.run_dir else None
+        return [str(folder)] if folder is not None and folder.is_dir() else []
 
     def _stamp_verdict(self, written: Path, episode: int) -> None:
         """Name the stall the verdict is of: its number in this job, when it was noticed, by which rank."""

@@ -7,6 +7,9 @@ the block with no process has died or exited. Ranks of other nodes were never lo
 
 A process the capture found stopped (state T or t in /proc) has `"state"` in its entry: it was not sampled, and
 its peers wait for it.
+
+A pod's capture (`diagnose --pods`) also names the pod and the node kubectl placed it on (`"kubernetes"`): the
+node is the machine its ranks ran on.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ CAPTURE_SCHEMA = "torchtriage.dump"
 CAPTURE_SUMMARY = "summary.json"  # what collect.capture writes
 # /proc/<pid>/stat states of a stopped process (fs/proc/array.c): T stopped by a signal, t by a tracer.
 STOPPED_STATES = ("T", "t")
+_NODE_CHARS = 253  # a Kubernetes node's name is a DNS-1123 subdomain
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,12 @@ class NodeCapture:
     expected: frozenset[int]  # the ranks the launcher started on this node, as far as the counts say
     world_size: int | None
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> its state (T or t), of the stopped processes
+    node: str | None = None  # a pod's capture: the Kubernetes node the pod ran on, as kubectl named it
+
+    @property
+    def machine(self) -> str:
+        """The host the captured ranks ran on: a pod's node, else the host the capture ran on."""
+        return self.node or self.host
 
 
 def read_capture(path: str) -> NodeCapture | None:
@@ -57,7 +67,16 @@ def read_capture(path: str) -> NodeCapture | None:
         local_sizes.add(as_int(process.get("local_world_size"), None, 1, top + 1))
         world = as_int(process.get("world_size"), None, 1, top + 1) or world
     host = str(summary.get("host") or "this node")
-    return NodeCapture(path, host, pids, _expected(pids, bases, local_sizes), world, stopped)
+    return NodeCapture(path, host, pids, _expected(pids, bases, local_sizes), world, stopped, _pod_node(summary))
+
+
+def _pod_node(summary: dict) -> str | None:
+    """The node of a pod's capture: a name of one line, else unknown."""
+    kubernetes = summary.get("kubernetes")
+    node = kubernetes.get("node") if isinstance(kubernetes, dict) else None
+    if isinstance(node, str) and 0 < len(node) <= _NODE_CHARS and node.isprintable() and " " not in node:
+        return node
+    return None
 
 
 def _expected(pids: dict[int, int], bases: set[int], local_sizes: set[int | None]) -> frozenset[int]:
