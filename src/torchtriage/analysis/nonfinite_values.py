@@ -275,7 +275,8 @@ def _loss_scale_collapse(raw: list[str]) -> tuple[int, dict[str, str]] | None:
 def _stops_on_a_tensor(last_lines: Iterator[_Line]) -> tuple[_Line, dict[str, str]] | None:
     """The line a log stops on (its last that is not noise, as the stall layer reads it), when it is, or
     closes, a printed tensor or a lone value holding NaN or Inf. `last_lines` come last first, normalised
-    only as far as they are read: the answer is usually known after one or two."""
+    only as far as they are read: the answer is usually known after one or two. The tensor's rows are those
+    of the rank that printed the stop: where ranks share a stream, other writers' lines fall between them."""
     known = stall_knowledge()
     stop = None
     for line in last_lines:
@@ -283,6 +284,10 @@ def _stops_on_a_tensor(last_lines: Iterator[_Line]) -> tuple[_Line, dict[str, st
             if known.is_noise(line.text):
                 continue
             stop = line
+        elif stop.rank is not None and line.rank != stop.rank:
+            # Another writer's line in a stream of ranks: another rank's, or its launcher's (unprefixed where the
+            # ranks' lines carry a prefix), flushed between this rank's rows.
+            continue
         reading = reading_of(line.text)
         if reading is not None:
             return stop, {"value": reading.value, "row": line.text.strip()[:300]}

@@ -37,6 +37,7 @@ from torchtriage.sources.log_records import ChildFailure, LogEvent, LogRecords, 
 from torchtriage.sources.run_exit import run_exits
 
 _MAX_EVIDENCE = 4
+_MESSAGE_LINES = 16  # the lines of one message the scan rejoined (a hard wrap, a tagged block) a stop may end on
 # Exceptions a launcher raises about its children: never the cause, always a report of it.
 _LAUNCHER_EXCEPTIONS = ("ChildFailedError", "SignalException")
 # Per-line facts that describe the line's rank rather than the failure; ranks are reported apart.
@@ -149,11 +150,21 @@ def _stops_because_it_finished(stall: Assessment, records: LogRecords) -> bool:
 
 def _stops_at_a_known_line(stall: Assessment, candidates: list[_Candidate]) -> bool:
     """Whether a log that only 'stops' stops at a line a rule knows (a warning, say): then that line,
-    not the stop, is the evidence."""
+    not the stop, is the evidence. The scan reads a message printed over several lines (hard-wrapped, or under
+    one tag) as one, numbered by its first line, where the tail sees each line: a last line that ends a message
+    a rule matched a few lines before is that message."""
     if stall.lead is None or stall.lead.kind != LOG_STOPS or not stall.lead.evidence:
         return False
     last = stall.lead.evidence[0]
-    return any((c.file, c.line) == (last.file, last.line) for c in candidates)
+    ending = last.text.strip()
+    return any(
+        c.file == last.file
+        and (
+            c.line == last.line
+            or (c.line < last.line <= c.line + _MESSAGE_LINES and bool(ending) and c.text.rstrip().endswith(ending))
+        )
+        for c in candidates
+    )
 
 
 _BLOCKED_RULE = "hang.stack_in_collective"

@@ -1,0 +1,67 @@
+"""Triage on the long tail's logs, generated from the libraries' real format strings (tests/long_tail_logs.py):
+a library's error followed by the generic CUDA error it causes, non-finite values no message names, kills other
+launchers report, NCCL's connection lines where a log ends, rendezvous beyond TCPStore, tracebacks known by their
+frames. Each log is also read cut at its start, hard-wrapped, under a launcher's prefixes, interleaved with another
+rank's output, with the generic CUDA cascade after a library's own error, and in colour.
+
+What a user relies on: the verdict names the failure's category (or one of the answers the case accepts); a
+wrong verdict never says confidence high; and none of those transforms, which change how a log was captured and
+not what failed, turns a right verdict wrong.
+
+TORCHTRIAGE_LONG_TAIL_CASES seeds (default 300, seconds on one core), then every seed in
+long_tail_regressions.txt. The long run: `python tests/long_tail_logs.py --count 5000`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from long_tail_logs import CLASSES, TRANSFORMS, Outcome, make, outcome, regression_seeds
+
+CASES = int(os.environ.get("TORCHTRIAGE_LONG_TAIL_CASES", "300"))
+REGRESSIONS = regression_seeds(Path(__file__).parent / "long_tail_regressions.txt")
+# Values no message names are read from the tail the scan keeps, line by line as the file holds them; the scan
+# rejoins a hard-wrapped message before matching, the tail does not yet. A tensor or a loss-scale series cut by the
+# wrap is then no longer read: an open gap, checked apart (below) so that closing it shows.
+_TAIL_VALUES = ("tensor at stop", "dllogger loss scale halving", "megatron loss scale halving")
+
+
+def _open_gap(result: Outcome, variant: str) -> bool:
+    return result.case.shape in _TAIL_VALUES and "wrap" in variant.split("+")
+
+
+@pytest.fixture(scope="module")
+def results() -> list[Outcome]:
+    return [outcome(make(seed)) for seed in sorted(set(range(CASES)) | set(REGRESSIONS))]
+
+
+def test_the_sample_covers_every_class_and_every_transform(results):
+    assert {r.case.family for r in results} == set(CLASSES)
+    applied = {name for r in results for variant in r.verdicts for name in variant.split("+")}
+    assert applied == {"base", *TRANSFORMS}
+
+
+def test_every_log_as_written_gets_its_category(results):
+    wrong = [r.describe("base") for r in results if not r.right("base")]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_verdict_is_wrong_with_high_confidence(results):
+    wrong = [r.describe(variant) for r in results for variant in r.wrong_at_high()]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_transform_turns_a_right_verdict_wrong(results):
+    turned = [r.describe(variant) for r in results for variant in r.turned_wrong() if not _open_gap(r, variant)]
+    assert not turned, "\n".join(turned)
+
+
+@pytest.mark.xfail(strict=True, reason="the tail the values are read from is not rejoined where a log was hard-wrapped")
+def test_values_read_from_the_tail_survive_a_hard_wrap(results):
+    gap = [(r, variant) for r in results for variant in r.verdicts if _open_gap(r, variant)]
+    assert gap, "the sample holds no wrapped log of values read from the tail"
+    wrong = [r.describe(variant) for r, variant in gap if not r.right(variant)]
+    assert not wrong, "\n".join(wrong)
