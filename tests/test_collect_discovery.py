@@ -159,8 +159,10 @@ def test_a_slurm_capture_step_takes_its_own_jobs_agent_on_a_shared_node():
     assert [r.pid for r in select_ranks(facts, "h", place=job)] == [101, 102]
     with pytest.raises(EnvironmentProblem, match="found no torchrun workers"):
         select_ranks(facts, "h", place={"SLURM_JOB_ID": "12"})
-    # An agent that says nothing of SLURM (started by hand on the node) is still taken.
-    assert [r.pid for r in select_ranks(one_job(), "h", place=job)] == [101, 102]
+    # An agent that says nothing of SLURM is another's: SLURM sets the job id in every process of a job, so
+    # `--slurm 77` never captures a job started outside it in job 77's place; the error names what is there.
+    with pytest.raises(EnvironmentProblem, match="found no torchrun workers of SLURM_JOB_ID=77.*agent 100"):
+        select_ranks(one_job(), "h", place=job)
 
 
 def test_a_wrapper_that_looks_like_an_agent_yields_to_the_real_agent_below_it():
