@@ -211,3 +211,13 @@ def test_where_the_survivors_of_a_peer_that_left_were_blames_none_of_them():
     code, verdict = triage_json(LOGS / "gloo_exit_other_groups" / "run.log")
     assert verdict["culprit_ranks"] == [0] and verdict["confidence"] == "medium"
     assert not any(f["kind"] == "logs.collective_mismatch" for f in verdict["findings"])
+
+
+def test_a_survivor_that_aborts_at_exit_after_losing_its_peer_is_not_the_culprit():
+    # The same program and departure; rank 2, having lost its peer, aborts as its interpreter exits (a C++ thread
+    # still joinable): torchrun's root cause is rank 2's SIGABRT. Its own error came first: the abort is its end.
+    code, verdict = triage_json(LOGS / "gloo_exit_abort_at_exit" / "run.log")
+    assert verdict["facts"]["launcher_root_cause_rank"] == 2
+    assert verdict["culprit_ranks"] == [0] and verdict["confidence"] == "medium"
+    signal = next(f for f in verdict["findings"] if f["kind"] == "logs.fatal_signal")
+    assert signal["role"] == "collateral" and signal["ranks"] == [2]

@@ -85,12 +85,41 @@ def _effective_roles(events: list[LogEvent]) -> list[str]:
     return roles
 
 
+def _endings_of_own_failures(records: LogRecords) -> list[int]:
+    """The events (by index) that report how a rank's process ended where that rank printed a failure of its own:
+    a rank prints nothing once it is gone, so its own failure came first and the ending is its aftermath. A
+    line printed after the ending (a later attempt's) explains nothing of it. An ending that names only a
+    process id (torchrun's "failed (exitcode: -6) local_rank: 2 (pid: 6549)") is that pid's rank in the report."""
+    by_pid = {str(f.pid): f.rank for f in records.child_failures if f.pid is not None and f.rank is not None}
+    endings = [
+        (i, e, e.rank if e.rank is not None else by_pid.get(e.facts.get("pid", "")))
+        for i, e in enumerate(records.events)
+        if e.rule.ending
+    ]
+    if not endings:
+        return []
+    own: dict[int, list[float | None]] = {}
+    for event in records.events:
+        if not event.rule.ending and event.rank is not None and event.severity not in ("I", "W"):
+            own.setdefault(event.rank, []).append(event.time)
+    for tb in records.tracebacks:
+        if tb.exception is not None and tb.rank is not None and not tb.ignored:
+            own.setdefault(tb.rank, []).append(tb.time)
+
+    def before(time: float | None, ended: float | None) -> bool:
+        return time is None or ended is None or time <= ended + 1.0  # the launcher's times have whole seconds
+
+    return [i for i, e, rank in endings if rank is not None and any(before(t, e.time) for t in own.get(rank, []))]
+
+
 def _candidates(records: LogRecords) -> list[_Candidate]:
     roles = _effective_roles(records.events)
     generic = generic_lines(records)
     cascades = library_cascades(records, roles, generic)
     for index in cascades:
         roles[index] = "collateral"  # a generic CUDA error after (or inside) a library's own failure
+    for index in _endings_of_own_failures(records):
+        roles[index] = "collateral"
     candidates = [
         _Candidate(
             role,

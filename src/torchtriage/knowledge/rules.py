@@ -25,6 +25,7 @@ from typing import Any
 from torchtriage.knowledge.actions import ActionTemplate
 from torchtriage.knowledge.linear_regex import compile_linear
 from torchtriage.knowledge.loader import (
+    BOOLEAN,
     INTEGER,
     KNOWLEDGE_DIR,
     STRING,
@@ -57,6 +58,7 @@ _OPTIONAL = {
     "superseded_by": STRINGS,
     "rank_fact": STRING,
     "ratio": TABLE,
+    "ending": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -96,6 +98,10 @@ class Rule:
     # enough to name the message alone): a line that holds one but is cut short, or printed by another
     # version with other fields, still reaches the rule, with fewer facts.
     phrases: tuple[str, ...] = ()
+    # A report of how a rank's process ended (a signal), printed by its launcher once it was gone: where the
+    # same rank printed a failure of its own, the ending is that failure's aftermath (a Python error's exit
+    # that aborts in a C++ destructor, a watchdog's throw that ends in abort()), not a failure of its own.
+    ending: bool = False
 
     def accepts(self, facts: dict[str, str]) -> bool:
         """Whether a matching line's facts meet the rule's condition, if it has one."""
@@ -234,6 +240,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         found_by=raw.get("found_by"),
         file=file,
         phrases=_phrases(raw.get("patterns", [])),
+        ending=bool(raw.get("ending", False)),
     )
 
 
