@@ -77,16 +77,45 @@ def _judged(out: Path) -> dict[int, Path]:
     return {n: f for n, f in recorded_attempts(out).items() if (f / "hang" / "verdict.json").exists()}
 
 
+# A start whose ranks are not all READY this long after they began is stuck in gloo's full-mesh connect (a start
+# takes a second or two; a loaded machine now and then leaves both ends of a pair waiting, until the group's timeout).
+_STUCK_START_S = 60.0
+
+
+def _end_a_stuck_start(out: Path, launches: list[Launch], ended: set[int]) -> None:
+    """Kill the workers of the latest attempt when it is stuck before READY, as a scheduler's health check would:
+    its launcher then starts the workers again (or the start ends, and the caller starts another)."""
+    attempts = recorded_attempts(out)
+    if not attempts or max(attempts) in ended:
+        return
+    latest = max(attempts)
+    records = list((attempts[latest] / "identity").glob("rank*.json"))
+    if not records or time.time() - min(r.stat().st_mtime for r in records) < _STUCK_START_S:
+        return
+    pids = [json.loads(r.read_text())["pid"] for r in records]
+    ready = {pid for launch in launches for start in launch.ready for pid in start.values()}
+    if all(pid in ready for pid in pids):
+        return
+    ended.add(latest)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _wait_for_verdict(out: Path, after: int, launches: list[Launch], seconds: float = 180) -> int | None:
     """The first attempt past `after` with a verdict; None when every launch ended without one. Gloo's full-mesh
-    connect now and then fails on a loaded machine ("Connection refused"), ending a start before it could hang."""
-    deadline = time.monotonic() + seconds
+    connect now and then fails on a loaded machine ("Connection refused"), ending a start before it could hang, or
+    never returns: such a start is ended."""
+    deadline, ended = time.monotonic() + seconds, set()
     while time.monotonic() < deadline:
         later = [n for n in _judged(out) if n > after]
         if later:
             return min(later)
         if all(launch.proc.poll() is not None for launch in launches):
             return None
+        _end_a_stuck_start(out, launches, ended)
         time.sleep(0.5)
     tails = "".join(line for launch in launches for line in launch.output[-20:])
     raise AssertionError(f"no verdict in an attempt of {out} after {after}:\n{tails}")
