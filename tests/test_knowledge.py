@@ -98,3 +98,40 @@ def test_built_in_knowledge_files_reject_unknown_keys(tmp_path):
     (tmp_path / "rules").mkdir()
     with pytest.raises(KnowledgeError, match="holds no rule files"):
         load_rules(tmp_path / "rules")
+
+
+def _commands_in(value) -> list[str]:
+    """Every `command` string anywhere in a knowledge file's tables."""
+    if isinstance(value, dict):
+        found = [value["command"]] if isinstance(value.get("command"), str) else []
+        return found + [c for v in value.values() for c in _commands_in(v)]
+    if isinstance(value, list):
+        return [c for v in value for c in _commands_in(v)]
+    return []
+
+
+def test_every_torchtriage_command_the_knowledge_gives_parses():
+    """A fix that tells the user (or an agent) to run a verb or an option the tool does not have is a dead end."""
+    import re
+    import shlex
+
+    from torchtriage.cli import VERBS, build_parser
+    from torchtriage.knowledge.loader import read_toml
+
+    commands = [
+        command
+        for path in sorted(KNOWLEDGE_DIR.rglob("*.toml"))
+        for command in _commands_in(read_toml(path))
+        if command.startswith("torchtriage ")
+    ]
+    assert len(commands) > 50
+    for command in commands:
+        filled = re.sub(r"<[^>]*>|\{[^}]*\}", "1", command).replace("...", "")
+        argv = shlex.split(filled)[1:]
+        assert argv and argv[0] in VERBS, command
+        if argv[0] == "run":
+            argv = argv[: argv.index("--")] + ["--", "true"] if "--" in argv else argv
+        try:
+            build_parser(only=argv[0]).parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"the knowledge gives a command the tool does not take: {command}")
