@@ -32,6 +32,8 @@ VERBS = {
     "rules": ("rules", "list the knowledge base: the known failure modes"),
     "explain": ("rules", "show one rule: its cause, the messages it matches, the fixes"),
     "demo": ("demo", "run a small CPU job in which one rank skips a collective, then diagnose its log"),
+    "mcp": ("mcp", "serve the offline verbs to coding agents over the Model Context Protocol (stdio)"),
+    "skill": ("skill", "print the agent skill (SKILL.md) that routes a symptom to its command, or write it in DIR"),
 }
 
 
