@@ -110,8 +110,13 @@ def test_the_tools_are_the_offline_verbs():
 
 RECORDED = [
     ("triage", DEMO_LOG),
-    ("diagnose", FIXTURES / "h200x2" / "skip"),
-    ("diagnose", FIXTURES / "h200x2_hangs" / "rank0_skip"),
+    ("triage", FIXTURES / "h200x2" / "oom.log"),
+    # Every recorded 2xH200 case: the NCCL failures (skip, op, size, nan) and the hangs under `torchtriage run`.
+    *[("diagnose", FIXTURES / "h200x2" / case) for case in ("skip", "op", "size", "nan")],
+    *[
+        ("diagnose", FIXTURES / "h200x2_hangs" / case)
+        for case in ("rank0_skip", "barrier", "dataloader", "subgroup", "oom")
+    ],
     ("fr", FIXTURES / "h200x2" / "skip"),
     ("trace", FIXTURES / "h200x2" / "trace"),
     ("memory", FIXTURES / "h200x2" / "oom_snapshot.pickle"),
