@@ -257,3 +257,24 @@ def test_a_folder_of_thousands_is_sniffed_on_every_core_with_the_same_result(tmp
     assert forked == discover([str(tmp_path)], serial_problems) and forked_problems == serial_problems
     assert [i.rank for i in forked if i.kind == SourceKind.PYSPY] == list(range(2100))
     assert any("rank2100.txt: the file is empty" in p for p in forked_problems)
+
+
+def test_a_backstop_that_never_fired_is_no_problem_but_an_empty_dump_is(tmp_path):
+    """Every rank of an armed job holds its faulthandler backstop open, empty until the rank's own threads cannot
+    run: in a stall's folder that is the normal state. An empty stack dump is a rank that answered nothing."""
+    from torchtriage.protocol import backstop_name
+
+    stack = 'Process 7: python train.py\nPython v3.12.3\n\nThread 0x1 (idle): "MainThread"\n    main (train.py:3)\n'
+    (tmp_path / "rank00.txt").write_text(stack)
+    (tmp_path / backstop_name(0)).write_bytes(b"")
+    (tmp_path / backstop_name(1)).write_text(
+        'Thread 0x1 (most recent call first):\n  File "train.py", line 3 in main\n'
+    )
+    (tmp_path / "faulthandler-rank2.txt").write_bytes(b"")  # a debug server's dump that came back empty
+    problems: list[str] = []
+    found = discover([str(tmp_path)], problems)
+    assert sorted(os.path.basename(i.path) for i in found) == [backstop_name(1), "rank00.txt"]
+    assert [i.rank for i in found if i.path.endswith(backstop_name(1))] == [1]
+    assert problems == [
+        f"{tmp_path / 'faulthandler-rank2.txt'}: the file is empty (nothing was written to it, or it was cut off)."
+    ]

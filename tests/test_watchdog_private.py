@@ -64,7 +64,8 @@ def test_every_file_and_folder_the_watchdog_writes_is_private(tmp_path):
         job.kill()
     # what each kind of file is there, so that the modes below are the modes of real evidence
     names = {Path(p).name for p in found}
-    assert {"faulthandler-rank0.txt", "faulthandler-rank1.txt", "rank00.txt", "rank01.txt", "verdict.json"} <= names
+    backstops = {"faulthandler-backstop-rank0.txt", "faulthandler-backstop-rank1.txt"}
+    assert backstops | {"rank00.txt", "rank01.txt", "verdict.json"} <= names
     assert any(p.startswith("hang/.earlier/") and p.endswith("/rank00.txt") for p in found), sorted(found)
     folders = {p for p in found if (run_dir / p).is_dir()}
     assert {p: f"{m:04o}" for p, m in found.items() if m != (0o700 if p in folders else 0o600)} == {}

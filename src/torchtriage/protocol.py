@@ -39,6 +39,15 @@ STALL_SECONDS_ENV = "TORCHTRIAGE_STALL_SECONDS"
 HANG_SUBDIR = "hang"
 FR_SUBDIR = "fr"
 FR_PREFIX = "nccl_trace_rank_"
+# The watchdog's faulthandler backstop: a file each rank holds open for a timer that fires only when the rank's
+# own threads cannot run (the GIL held forever). Empty is its normal state, not a file that failed to be written.
+BACKSTOP_PREFIX = "faulthandler-backstop-rank"
+
+
+def backstop_name(rank: int | None) -> str:
+    return f"{BACKSTOP_PREFIX}{rank if rank is not None else os.getpid()}.txt"
+
+
 REQUEST_FILE = "REQUEST"
 REQUESTS_SUBDIR = ".requests"  # a dot folder: no reader of the run folder fuses a request's dumps
 VERDICT_STEM = "verdict"

@@ -45,6 +45,7 @@ from torchtriage.protocol import (
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
     VERDICT_STEM,
+    backstop_name,
     hang_dir,
     make_private_folders,
     open_private,
@@ -317,7 +318,7 @@ class HangWatchdog:
         every stack the watchdog writes. A file an earlier run of this rank left is replaced, never written
         through (it may be a link planted at its name)."""
         make_private_folders(self.out_dir)
-        path = self.out_dir / f"faulthandler-rank{self.rank if self.rank is not None else os.getpid()}.txt"
+        path = self.out_dir / backstop_name(self.rank)
         path.unlink(missing_ok=True)
         return os.fdopen(open_private(path), "w")
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from torchtriage.model import SourceKind
+from torchtriage.protocol import BACKSTOP_PREFIX
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import ByteBudget
@@ -350,6 +351,14 @@ def _describe_os_error(path: str, err: OSError) -> str:
     return f"{path}: {_unreadable(err)}"
 
 
+EMPTY = "the file is empty (nothing was written to it, or it was cut off)."
+
+
+def _unfired_backstop(path: str, reason: str) -> bool:
+    """The watchdog's faulthandler backstop, found empty in a folder: it never had to fire (protocol.py)."""
+    return reason == EMPTY and os.path.basename(path).startswith(BACKSTOP_PREFIX)
+
+
 # What sniffing a file gives: its kind (an index in _SNIFF_ORDER, -1: binary), whether it is gzip, its rank;
 # or why it is not read. Plain data: the results of a folder of thousands come back pickled from children.
 _Sniffed = tuple[int, bool, int | None]
@@ -369,7 +378,7 @@ def _sniff_file(path: str, found: bool | None = None) -> _Sniffed | str:
     finally:
         os.close(fd)
     if not raw:
-        return "the file is empty (nothing was written to it, or it was cut off)."
+        return EMPTY
     head = _head_of(os.path.basename(path), raw)
     if head.compressed and not head.data:
         return "a gzip file that cannot be decompressed."
@@ -502,7 +511,8 @@ def _discover_folder(folder: str, problems: list[str]) -> list[Input]:
     alike: list[tuple[str, str]] = []
     for path, sniffed in zip(files, _sniff_all(files), strict=True):
         if isinstance(sniffed, str):
-            alike.append((path, sniffed))
+            if not _unfired_backstop(path, sniffed):
+                alike.append((path, sniffed))
         else:
             found.append(_input_of(path, sniffed, named=False))
     problems += walk_problems + fold_alike(alike)
