@@ -97,3 +97,16 @@ def test_the_flight_recorder_alone_does_not_blame_a_pipeline_stage_in_an_unrecor
     verdict = diagnose_paths([str(RECORDED / "pipeline_gpipe_short_data" / "armed" / "fr")])
     assert verdict.culprit_ranks == [] and verdict.confidence == "low", verdict.summary
     assert verdict.facts["candidates"] == [0, 1]
+
+
+def test_a_rank_that_left_with_os_exit_is_named_by_the_ranks_its_run_recorded():
+    """os_exit_early_stop: rank 2, the highest, leaves with os._exit(0) (no error, no traceback, no atexit); its
+    peers lose their connection to it and the job ends. Its logs alone cannot say the job had a rank 2 (bare:
+    no culprit, and no false one); the identity records `torchtriage run` left say it did, and it left no line."""
+    case = RECORDED / "os_exit_early_stop"
+    bare = diagnose_paths([str(case / "bare")])
+    assert bare.culprit_ranks == [] and bare.confidence != "high"
+    armed = diagnose_paths([str(case / "armed")])
+    assert armed.culprit_ranks == [2] and armed.confidence == "medium", armed.summary
+    assert armed.culprit_machines[0].pid is not None  # where it ran, from its identity record
+    assert any(f.kind == "logs.silent_rank" and f.blames for f in armed.findings)

@@ -264,21 +264,23 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     """Every rank that reports lost its connection to a peer and none timed out: the peer went away first.
     Ranks are numbered from 0, so a rank below the highest seen that appears in no line of the logs existed
     and left no trace: it exited or was killed without an error of its own. One such rank is the culprit;
-    several are candidates; none (the highest ranks leave no trace) leaves the culprit unknown."""
+    several are candidates; none (the highest ranks leave no trace) leaves the culprit unknown, unless the
+    job's identity records (`records.ranks_known`) say how many ranks it had."""
     seen = records.ranks_seen
     if not seen:
         return [], [], {}
-    missing = max(seen) + 1 - len(seen)
+    highest = max(max(seen), max(records.ranks_known, default=0))  # the job's identity records know its world
+    missing = highest + 1 - len(seen)
     if not missing:
         return [], [], {}
     if missing > SILENT_LISTED_MAX:
         message = (
-            f"{missing} ranks below the highest seen ({max(seen)}) appear in no line of the logs: the logs hold only "
+            f"{missing} ranks below the highest seen ({highest}) appear in no line of the logs: the logs hold only "
             "some ranks of a large job, so they cannot say which rank left first; give every rank's log"
         )
         finding = Finding("logs.silent_rank", [], message, "symptom", "hang", [], {"undecided": True})
         return [], [finding], {"silent_ranks_count": missing}
-    silent = sorted(set(range(max(seen) + 1)) - seen)
+    silent = sorted(set(range(highest + 1)) - seen)
     reporting = format_ranks(sorted(seen))
     message = (
         f"{format_ranks(silent)} appear{'s' if len(silent) == 1 else ''} in no line of the logs while {reporting} "

@@ -13,6 +13,7 @@ from torchtriage.errors import InputError
 from torchtriage.knowledge.matcher import Matcher
 from torchtriage.knowledge.rules import RuleError, default_rules, with_extra_rules
 from torchtriage.model import Assessment, SourceKind, Verdict
+from torchtriage.sources.identity import ranks_of_the_job
 from torchtriage.sources.log_records import LogRecords, read_logs
 from torchtriage.sources.registry import Input, discover, log_input, not_read_here
 
@@ -33,10 +34,12 @@ def matcher_for(extra_rules_dir: str | None = None) -> Matcher:
 
 
 def assess_inputs(inputs: list[Input], matcher: Matcher | None = None, problems: list[str] | None = None) -> Assessment:
-    """What the logs among `inputs` say. Raises InputError when no log could be read."""
+    """What the logs among `inputs` say, knowing the job's ranks from its identity records among them. Raises
+    InputError when no log could be read."""
     problems = list(problems or []) + not_read_here(inputs, (SourceKind.LOG,))
     records = read_logs([i for i in inputs if i.kind == SourceKind.LOG], matcher or matcher_for())
     records.problems[:0] = problems
+    records.ranks_known = ranks_of_the_job([i.path for i in inputs if i.kind == SourceKind.IDENTITY])
     if not records.files_read:
         reasons = "\n  ".join(records.problems) or "no input"
         raise InputError(f"no log could be read:\n  {reasons}")

@@ -112,7 +112,7 @@ def _flight_recorder(found: RunInputs, run: RunAnalysis, meanwhile: Callable[[],
 def _logs(found: RunInputs, run: RunAnalysis) -> Assessment:
     from torchtriage.analysis.pipeline import assess_inputs
 
-    return assess_inputs(found.of(SourceKind.LOG))
+    return assess_inputs(found.of(SourceKind.LOG, SourceKind.IDENTITY))  # the ranks' records: the job's ranks
 
 
 def _traces(found: RunInputs, run: RunAnalysis) -> Assessment:

@@ -88,3 +88,14 @@ def read_identities(paths: list[str], problems: list[str]) -> dict[int, Machine]
 
 def _later(one: RankIdentity, other: RankIdentity) -> bool:
     return (one.machine.attempt or 0, one.started_at) > (other.machine.attempt or 0, other.started_at)
+
+
+def ranks_of_the_job(paths: list[str]) -> set[int]:
+    """The ranks a job had, from its identity records: every rank of the world size they agree on, and the ranks
+    that wrote one. Records that cannot be read are read again (and reported) where machines are attached."""
+    records = [r for r in map(read_identity, paths) if not isinstance(r, str)]
+    worlds = {r.world_size for r in records}
+    ranks = {r.machine.rank for r in records}
+    if len(worlds) == 1 and None not in worlds:
+        ranks |= set(range(worlds.pop()))  # type: ignore[arg-type]
+    return ranks

@@ -140,6 +140,9 @@ class LogRecords:
     files_read: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tails: list[LogTail] = field(default_factory=list)
+    # The ranks the job had, known from outside its logs (the identity records `torchtriage run` leaves): a rank
+    # among them that left no line is silent even when it was the highest.
+    ranks_known: set[int] = field(default_factory=set)
 
 
 # The start of a record of torchtriage's own, read as a log line (sources/registry.py: _READ_AS_LOGS).
