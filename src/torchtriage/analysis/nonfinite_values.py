@@ -23,7 +23,7 @@ from torchtriage.knowledge.linear_regex import compile_linear
 from torchtriage.knowledge.rules import Rule, default_rules
 from torchtriage.knowledge.stall import stall_knowledge
 from torchtriage.sources.lines import normalise, strip_ansi
-from torchtriage.sources.log_records import LogEvent, LogRecords, LogTail, text_lines
+from torchtriage.sources.log_records import LogEvent, LogRecords, LogTail
 from torchtriage.sources.logs import MAX_LINE_CHARS
 
 NONFINITE_VALUE = "nan_inf.nonfinite_value"
@@ -122,15 +122,20 @@ def read_nonfinite_values(records: LogRecords) -> LogRecords:
 def _events_of(tail: LogTail, rules: dict[str, Rule], taken: set[tuple[str, int]]) -> list[LogEvent]:
     if tail.last_own_record is not None:
         return []  # torchtriage's own records (nonfinite.jsonl) are read by their rules
-    text = tail.data.decode("utf-8", errors="replace")
+    raw = None
+    if tail.wrapping is not None:  # a hard-wrapped log's rows rejoined, as the scan reads its messages
+        raw = tail.numbered_lines()
+        text = "\n".join(line for _, line in raw)
+    else:
+        text = tail.data.decode("utf-8", errors="replace")
     if not _WORTH_READING.search(text):
         return []  # no token, no loss scale: the usual tail costs this one search
-    raw = text_lines(tail.data)
+    raw = raw or tail.numbered_lines()
     events = [
         _event(rules[NONFINITE_VALUE], tail.file, line, {"value": reading.value} | _metric(reading))
         for line, reading in _first_strong_readings(tail, raw, taken)
     ]
-    collapse = _loss_scale_collapse(raw)
+    collapse = _loss_scale_collapse([text for _, text in raw])
     if collapse is not None:
         index, facts = collapse
         line = _line(tail, raw, index)
@@ -145,12 +150,14 @@ def _events_of(tail: LogTail, rules: dict[str, Rule], taken: set[tuple[str, int]
     return events
 
 
-def _first_strong_readings(tail: LogTail, raw: list[str], taken: set[tuple[str, int]]) -> list[tuple[_Line, _Reading]]:
+def _first_strong_readings(
+    tail: LogTail, raw: list[tuple[int, str]], taken: set[tuple[str, int]]
+) -> list[tuple[_Line, _Reading]]:
     """The first lines of a tail whose values are non-finite wherever they stand (a line a rule of the same
     family already read is left to it). Only the lines holding a token are normalised, and only until enough
     are found: a tail of a thousand NaN rows costs a few."""
     found = []
-    for index, item in enumerate(raw):
+    for index, (_, item) in enumerate(raw):
         if not _TOKEN.search(strip_ansi(item)):
             continue
         line = _line(tail, raw, index)
@@ -166,11 +173,12 @@ def _metric(reading: _Reading) -> dict[str, str]:
     return {"metric": reading.key} if reading.key else {}
 
 
-def _line(tail: LogTail, raw: list[str], index: int) -> _Line:
-    """Line `index` of a tail, normalised as the scan normalises a line and numbered as the scan numbers it."""
-    line = normalise(raw[index][:MAX_LINE_CHARS])
+def _line(tail: LogTail, raw: list[tuple[int, str]], index: int) -> _Line:
+    """Line `index` of a tail's numbered lines, normalised as the scan normalises a line."""
+    number, text = raw[index]
+    line = normalise(text[:MAX_LINE_CHARS])
     rank = line.rank if line.rank is not None else tail.rank
-    return _Line(tail.first_line + index, line.text, rank, line.severity)
+    return _Line(number, line.text, rank, line.severity)
 
 
 def _event(rule: Rule, file: str, line: _Line, facts: dict[str, str]) -> LogEvent:
@@ -250,7 +258,10 @@ def _loss_scale_collapse(raw: list[str]) -> tuple[int, dict[str, str]] | None:
     the raw lines (the value needs no peeling); each launcher's rank prefix keeps its rank's series apart."""
     series: dict[str, list[tuple[int, float]]] = {}
     for index, item in enumerate(raw):
-        found = _LOSS_SCALE.search(item) if "scale" in item.lower() else None
+        if "scale" not in item.lower():
+            continue
+        item = strip_ansi(item)  # a colouring logger's codes before some lines would start a series of their own
+        found = _LOSS_SCALE.search(item)
         if found is None:
             continue
         try:

@@ -26,7 +26,7 @@ from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.lines import normalise
-from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, scan_lines
+from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, Wrapping, rejoined, scan_lines
 from torchtriage.sources.registry import STDIN, Input, open_input
 
 
@@ -93,6 +93,7 @@ class LogTail:
     rank: int | None  # the rank the file's name implies
     first_line: int
     data: bytes
+    wrapping: Wrapping | None = None  # how the log was hard-wrapped, if it was
     _normalised: list | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -101,6 +102,19 @@ class LogTail:
         as a log): where such a file ends says nothing of where a job stopped."""
         last = self.data.rstrip().rpartition(b"\n")[2]
         return last if _OWN_RECORD.match(last) else None
+
+    def numbered_lines(self) -> list[tuple[int, str]]:
+        """(line number, text) of every line, as the scan reads them: where the log was hard-wrapped, a message
+        cut into pieces is one line, numbered by its first piece."""
+        if self.wrapping is None:
+            return list(enumerate(text_lines(self.data), self.first_line))
+        lines = self.data.split(b"\n")
+        if self.data.endswith(b"\n"):
+            lines.pop()
+        return [
+            (self.first_line + index, message.decode("utf-8", errors="replace"))
+            for index, message in rejoined(lines, self.wrapping)
+        ]
 
     def lines(self) -> list[tuple[int, str, int | None]]:
         """(line number, normalised text, rank) of every line of the tail."""
@@ -113,7 +127,7 @@ class LogTail:
         if self._normalised is not None:
             return self._normalised
         out = []
-        for number, raw in enumerate(text_lines(self.data), self.first_line):
+        for number, raw in self.numbered_lines():
             line = normalise(raw[:MAX_LINE_CHARS])
             rank = line.rank if line.rank is not None else self.rank
             out.append((number, line.text, rank, line.severity or _level(line.text)))
@@ -403,7 +417,7 @@ def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_in
     finally:
         reader.close()
         stream.close()
-    log_tail = LogTail(artifact.display, artifact.rank, tail.first_line, tail.data)
+    log_tail = LogTail(artifact.display, artifact.rank, tail.first_line, tail.data, tail.wrapping)
     cut = _cut_record(log_tail)
     if cut is not None:
         records.problems.append(f"{artifact.display}: {cut}")
@@ -453,7 +467,7 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.ranks_seen,
         records.files_read,
         records.problems,
-        [(tail.file, tail.rank, tail.first_line, tail.data) for tail in records.tails],
+        [(tail.file, tail.rank, tail.first_line, tail.data, tail.wrapping) for tail in records.tails],
     )
 
 

@@ -32,6 +32,7 @@ class Tail:
         self.max_bytes = max_bytes
         self.data = b""
         self.first_line = 1  # the line number of the tail's first line
+        self.wrapping: Wrapping | None = None  # how the log was hard-wrapped: its tail is rejoined as its scan is
         self._pieces: list[tuple[int, bytes, int, int]] = []  # (number of the line at begin, buffer, begin, end)
 
     def _keep(self, line_base: int, buffer: bytes, end: int, begin: int = 0) -> None:
@@ -134,6 +135,8 @@ def scan_lines(stream: BinaryIO, prefilter, tail: Tail | None = None) -> Iterato
             buffer = carry + block
         if first:  # the first block shows whether the log was hard-wrapped
             width, first = wrap_width(buffer[:_WRAP_SAMPLE]), False
+            if tail is not None:
+                tail.wrapping = width
         if block:
             cut = buffer.rfind(b"\n") + 1
             if cut == 0 and len(buffer) < BLOCK_BYTES:
@@ -274,8 +277,9 @@ _DIGITS = bytes.maketrans(b"123456789", b"000000000")
 
 
 def _starts_alike(line: bytes, following: bytes) -> bool:
-    """The same kind of start: `[1,5]<stdout>` and `[1,7]<stdout>`, two records of one log."""
-    return following[:_PREFIX].translate(_DIGITS) == line[:_PREFIX].translate(_DIGITS)
+    """The same kind of start: `[1,5]<stdout>` and `[1,7]<stdout>`, two records of one log; behind the colour
+    codes a logger puts before some records and not others (`\x1b[1;31mDLL 2025` and `DLL 2025`)."""
+    return _body(following)[:_PREFIX].translate(_DIGITS) == _body(line)[:_PREFIX].translate(_DIGITS)
 
 
 class Wrapping(NamedTuple):
@@ -375,6 +379,14 @@ def _wrapped_hits(
     lines = buffer[:end].split(b"\n")
     if buffer[:end].endswith(b"\n"):
         lines.pop()
+    for first, message in rejoined(lines, wrapping):
+        if prefilter.search(message) is not None:
+            yield line_base + first, message
+
+
+def rejoined(lines: list[bytes], wrapping: Wrapping) -> Iterator[tuple[int, bytes]]:
+    """The messages of a hard-wrapped log's lines: (the index of a message's first line, the message), its pieces
+    joined and the launcher's prefix each piece repeats dropped."""
     index = 0
     while index < len(lines):
         first = index
@@ -386,7 +398,5 @@ def _wrapped_hits(
             if prefix and prefix == _OUTER.match(parts[0]).group(0):
                 piece = piece[len(prefix) :]  # the launcher's prefix on each piece of one message
             parts.append(piece)
-        message = b"".join(parts)
-        if prefilter.search(message) is not None:
-            yield line_base + first, message
+        yield first, b"".join(parts)
         index += 1
