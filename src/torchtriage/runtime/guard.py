@@ -71,6 +71,7 @@ from typing import Any
 
 from torchtriage.protocol import RUN_DIR_ENV
 from torchtriage.runtime import nonfinite_verdict
+from torchtriage.runtime.grad_norms import SumsOfSquares
 from torchtriage.runtime.pending_step import DeferredStepOutcome, PendingStep
 
 logger = logging.getLogger("torchtriage.guard")
@@ -200,8 +201,7 @@ class NonFiniteGuard:
         self._window_loss_sum = None
         self._window_applied = 0
         self._window_skipped = 0
-        self._warned_partial = False
-        self._groups: list[list] | None = None
+        self._squares = SumsOfSquares(self.parameters)
         self.blocking = bool(blocking)
         self._pending = None  # blocking=False: the last step, read when the next one begins
         self.model = model
@@ -224,90 +224,10 @@ class NonFiniteGuard:
 
     # -- norms --------------------------------------------------------------------------------
     def _device(self):
-        import torch
-
-        for p in self.parameters:
-            return p.to_local().device if hasattr(p, "to_local") else p.device
-        return torch.device("cpu")
-
-    def _plain_groups(self) -> list[list] | None:
-        """The parameters by (device, dtype) when none is a DTensor, else None.
-
-        Decided once (a parameter stays what it is), so that the step's hot path inspects no tensor.
-        """
-        if self._groups is None:
-            if any(hasattr(p, "placements") for p in self.parameters):
-                self._groups = []
-            else:
-                by_kind: dict = {}
-                for p in self.parameters:
-                    by_kind.setdefault((p.device, p.dtype), []).append(p)
-                self._groups = list(by_kind.values())
-        return self._groups or None
-
-    def _plain_sum(self, lists: list[list]):
-        """Σx² in fp32 over plain tensors, one fused pass per (device, dtype) list; a device tensor."""
-        import torch
-
-        total = None
-        for tensors in lists:
-            if tensors:
-                part = _sum_of_squares_on_device(tensors)
-                total = part if total is None else total + part.to(total.device)
-        return total if total is not None else torch.zeros((), dtype=torch.float32, device=self._device())
+        return self._squares.device()
 
     def _grad_sums(self):
-        """(stage_sum, own) of the gradients: see `_sum_of_squares`."""
-        groups = self._plain_groups()
-        if groups is None:
-            return self._sum_of_squares([p.grad for p in self.parameters if p.grad is not None])
-        own = self._plain_sum([[p.grad for p in group if p.grad is not None] for group in groups])
-        return own, own  # plain tensors: no collective between this rank's values and the stage's
-
-    def _sum_of_squares(self, tensors: list, *, reduce_shards: bool = True):
-        """(stage_sum, own): Σx² over `tensors` in fp32, DTensor shards summed over their mesh.
-
-        `own` is this rank's Σx² before any collective mixed in other ranks' values: it is
-        non-finite exactly when this rank's own values are, which names the culprit rank on a skip.
-        Both stay on the device: nothing is read here.
-        """
-        plain, sharded = [], {}
-        for t in tensors:
-            placements = getattr(t, "placements", None)
-            if placements is None or not hasattr(t, "to_local"):
-                plain.append(t)
-                continue
-            shard_dims = []
-            for dim, placement in enumerate(placements):
-                if placement.is_shard() or placement.is_partial():
-                    if placement.is_partial() and not self._warned_partial:
-                        self._warned_partial = True
-                        logger.warning(
-                            "torchtriage NonFiniteGuard: a gradient still has a Partial (unreduced) placement at "
-                            "the optimizer step; its norm is approximated by the sum over its shards. Reduce the "
-                            "gradients before guard.step()."
-                        )
-                    shard_dims.append(dim)
-            key = (id(t.device_mesh), tuple(shard_dims))
-            sharded.setdefault(key, (t.device_mesh, tuple(shard_dims), []))[2].append(t.to_local())
-        device = self._device()
-        by_device: dict = {}
-        for t in plain:
-            by_device.setdefault(t.device, []).append(t)
-        own = self._plain_sum(list(by_device.values())).to(device)
-        total = own
-        dist = _dist()
-        for mesh, shard_dims, locals_ in sharded.values():
-            by_device = {}
-            for t in locals_:
-                by_device.setdefault(t.device, []).append(t)
-            part = self._plain_sum(list(by_device.values())).to(device)
-            own = own + part  # before the reduction below, which writes into `part`
-            if reduce_shards and dist is not None:
-                for dim in shard_dims:
-                    dist.all_reduce(part, op=dist.ReduceOp.SUM, group=mesh.get_group(dim))
-            total = total + part
-        return total, own
+        return self._squares.of_grads()
 
     def _agree(self, stage_sum) -> tuple[float, bool]:
         """(norm, non-finite): the stages' sums added over `pipeline_group`, the largest over `group`.
@@ -343,12 +263,7 @@ class NonFiniteGuard:
         import torch
 
         with torch.no_grad():
-            groups = self._plain_groups()
-            if groups is None:
-                # per-shard finiteness is enough: no reduction over the mesh
-                own = self._sum_of_squares([p.detach() for p in self.parameters], reduce_shards=False)[1]
-            else:
-                own = self._plain_sum(groups)
+            own = self._squares.of_weights()
         flag = (~torch.isfinite(own)).float().reshape(1)
         dist = _dist()
         if dist is not None:
@@ -752,18 +667,6 @@ class NonFiniteGuard:
         for key, value in state.items():
             if key in self.state_dict():
                 setattr(self, key, value)
-
-
-def _sum_of_squares_on_device(tensors: list):
-    """Σx² in fp32 of tensors on one device: the fused norm pass `clip_grad_norm_` uses, then one dot."""
-    import torch
-
-    try:
-        norms = torch._foreach_norm(tensors, 2.0, dtype=torch.float32)
-    except (RuntimeError, TypeError):  # an old torch or an unsupported layout: the slow way
-        norms = [torch.linalg.vector_norm(t, dtype=torch.float32) for t in tensors]
-    stacked = torch.stack(norms)
-    return torch.dot(stacked, stacked)
 
 
 def _batch_of(info: dict[str, Any]) -> dict[str, Any]:
