@@ -37,9 +37,12 @@ class Launch:
 
     def __init__(self, out: Path, torchrun_args: list[str], env: dict[str, str]) -> None:
         run = [sys.executable, "-m", "torchtriage", "run", "--out", str(out), "--stall-seconds", "3", "--"]
+        # torchrun shares its rendezvous store with the workers, and a restart's workers then read the addresses
+        # the previous attempt's ranks left there and wait on them (pytorch/pytorch#135712): this job restarts, so
+        # its store is not shared.
         self.proc = subprocess.Popen(
             [*run, str(TORCHRUN), *torchrun_args, str(JOB)],
-            env=clean_environment(**env),
+            env=clean_environment(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1", **env),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -197,6 +200,7 @@ def test_each_restart_of_the_workers_writes_a_folder_of_its_own(tmp_path):
         os.kill(launch.ready[-1][1], signal.SIGKILL)  # as NCCL's watchdog ends a stuck rank: torchrun restarts
         # A restart may lose gloo's connect on a loaded machine and restart again: room for a few attempts.
         second = _wait_for_verdict(out, first, [launch], seconds=420)
+        assert second is not None, "every restart ended before it could hang:\n" + "".join(launch.output[-30:])
         os.kill(launch.proc.pid, signal.SIGTERM)  # the scheduler ends the job: run passes it on
         launch.proc.wait(timeout=120)
     finally:

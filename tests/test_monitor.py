@@ -310,10 +310,12 @@ def test_a_slower_link_for_every_rank_is_communication(tmp_path):
 
 @pytest.mark.slow
 def test_an_even_job_of_500_steps_names_nobody(tmp_path):
+    # No rank holds the others back. Where other work on the host slows the whole job for a while (a loaded
+    # machine), a window may say so of the job, as it should; it never names a rank.
     finals, _ = run_job(tmp_path, MONITOR_MODE="even", STEPS="500", WINDOW="50")
-    assert finals[0] == finals[1] == []
+    assert finals[0] == finals[1]
+    assert [d["line"] for d in finals[0] if d["rank"] is not None or d["kind"] != "job"] == []
     assert len(windows_of(tmp_path, 1)) == 10
-    assert not (tmp_path / "monitor" / "stragglers.jsonl").exists()
 
 
 # A host that other work keeps busy by fits and starts: each core runs a loop that spins and sleeps by turns.
