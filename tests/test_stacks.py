@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -432,3 +433,43 @@ def test_idle_inside_backward_waits_in_the_gradient_collectives_and_running_it_c
     frames = ("_engine_run_backward (torch/autograd/graph.py:829)", "backward (torch/_tensor.py:648)", "step (t.py:9)")
     assert classify_thread(thread(*frames))[:2] == (S.COLLECTIVE, S.BACKWARD_OP)
     assert classify_thread(thread(*frames, active=True))[0] == S.COMPUTING
+
+
+SETUP_STUCK = FIXTURES / "stacks" / "restart_stuck_in_setup"
+
+
+def _setup_verdict(tmp_path: Path, **process_fields) -> object:
+    """The recording, its capture summary's processes changed as given."""
+    from torchtriage.analysis.postmortem import diagnose_paths
+
+    folder = tmp_path / "capture"
+    shutil.copytree(SETUP_STUCK, folder)
+    summary = json.loads((folder / "summary.json").read_text())
+    for process in summary["processes"]:
+        process.update(process_fields)
+    (folder / "summary.json").write_text(json.dumps(summary))
+    return diagnose_paths([str(folder)])
+
+
+def test_a_restart_whose_ranks_all_wait_in_init_process_group_is_a_rendezvous_not_a_departure(tmp_path):
+    """Recorded live: torchrun restarted the workers (restart 3), and both ranks wait in init_process_group, in gloo's
+    full-mesh connect, on the addresses the previous attempt left in the store torchrun shares. No rank departed."""
+    verdict = _setup_verdict(tmp_path)
+    assert verdict.category == "rendezvous" and verdict.culprit_ranks == [] and verdict.confidence == "medium"
+    assert "candidates" not in verdict.facts
+    lead = next(f for f in verdict.findings if f.kind == "stacks.setup_stuck")
+    assert "every rank of the job (2) arrived" in lead.message
+    assert verdict.actions[0].env == {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def test_ranks_in_init_process_group_without_a_restart_get_no_restart_advice(tmp_path):
+    verdict = _setup_verdict(tmp_path, restart_count=0)
+    assert verdict.category == "rendezvous" and verdict.confidence == "medium"
+    assert not any("TORCH_DISABLE_SHARE_RDZV_TCP_STORE" in a.env for a in verdict.actions)
+
+
+def test_ranks_in_init_process_group_that_are_not_the_whole_job_may_wait_for_one_not_seen(tmp_path):
+    # The job had 4 ranks and this node's capture holds 2: the others may never have arrived.
+    verdict = _setup_verdict(tmp_path, world_size=4)
+    assert verdict.culprit_ranks == [] and verdict.confidence == "low"
+    assert "other ranks were not sampled" in next(f for f in verdict.findings if f.kind == "stacks.setup_stuck").message

@@ -77,22 +77,22 @@ def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
 
     problems: list[str] = []
     run.stacks = load_stack_inputs(found.of(*STACK_KINDS), problems)
-    gone, stopped = _not_sampled(found)
+    gone, stopped, job = _not_sampled(found)
     gone = {rank: why for rank, why in gone.items() if rank not in run.stacks}
     stopped = {rank: why for rank, why in stopped.items() if rank not in run.stacks}
-    assessment = assess_stacks(analyze_stacks(run.stacks, gone, stopped), files=found.files(*STACK_KINDS))
+    assessment = assess_stacks(analyze_stacks(run.stacks, gone, stopped, job), files=found.files(*STACK_KINDS))
     assessment.problems += problems
     return assessment
 
 
-def _not_sampled(found: RunInputs) -> tuple[dict[int, str], dict[int, str]]:
-    """From a live capture's `summary.json`: the ranks its node should run that it found no process of, and the
-    ranks it found stopped (rank -> why, each)."""
-    from torchtriage.sources.captures import CAPTURE_SUMMARY, gone_ranks, read_capture, stopped_ranks
+def _not_sampled(found: RunInputs):
+    """From a live capture's `summary.json`: the ranks its node should run that it found no process of, the ranks
+    it found stopped (rank -> why, each), and the job's shape (its world size, whether its workers restarted)."""
+    from torchtriage.sources.captures import CAPTURE_SUMMARY, gone_ranks, job_shape, read_capture, stopped_ranks
 
     summaries = [i.path for i in found.of(SourceKind.TORCHTRIAGE_OUTPUT) if Path(i.path).name == CAPTURE_SUMMARY]
     captures = [c for c in map(read_capture, summaries) if c is not None]
-    return gone_ranks(captures), stopped_ranks(captures)
+    return gone_ranks(captures), stopped_ranks(captures), job_shape(captures)
 
 
 _POOL_FROM = 256  # dumps

@@ -22,7 +22,7 @@ from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import BACKWARD_OP, P2P_OPS, classify_frames, describe, position_of
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
 from torchtriage.ranks import format_ranks
-from torchtriage.sources.captures import StoppedProcess
+from torchtriage.sources.captures import JobShape, StoppedProcess
 from torchtriage.sources.pyspy import ProcessStack, ThreadStack
 
 # The states, under the names the analysis has always used.
@@ -135,17 +135,20 @@ def analyze_stacks(
     dumps: Mapping[int, ProcessStack],
     gone: Mapping[int, str] | None = None,
     stopped: Mapping[int, StoppedProcess] | None = None,
+    job: JobShape | None = None,
 ) -> StackAnalysis:
     """Findings from every rank's stack: `not_in_collective`, `different_collective`, `stack_groups`, `rank_gone`
     for the ranks of the captured nodes that have no process (`gone`: rank -> why), and `rank_stopped` for the
-    ranks a capture found stopped and could not sample (`stopped`: rank -> its process)."""
-    return analyze_positions(positions(dumps), gone, stopped)
+    ranks a capture found stopped and could not sample (`stopped`: rank -> its process). `job`: what the captures
+    say of the whole job (its world size, whether torchrun restarted its workers)."""
+    return analyze_positions(positions(dumps), gone, stopped, job)
 
 
 def analyze_positions(
     found: Mapping[int, RankPosition],
     gone: Mapping[int, str] | None = None,
     stopped: Mapping[int, StoppedProcess] | None = None,
+    job: JobShape | None = None,
 ) -> StackAnalysis:
     found = dict(sorted(found.items()))
     gone = dict(sorted((gone or {}).items()))
@@ -193,6 +196,9 @@ def analyze_positions(
     elif in_store:
         culprits, confidence, finding = _store_verdict(in_store, waiting)
         findings.append(finding)
+    elif len(waiting) == 1 and not elsewhere and waiting[0].position.op == SETUP_OP:
+        confidence, finding = _setup_stuck(waiting[0], job or JobShape())
+        findings.append(finding)
     elif (created := _group_creation(found)) is not None:
         culprits, confidence, finding = created
         findings.append(finding)
@@ -226,6 +232,27 @@ def analyze_positions(
 
 
 _STOPPED = "stacks.rank_stopped"
+# Every rank enters init_process_group, which returns once the store gave each rank the others' addresses and the
+# backend connected to them: a rank that never arrives keeps the others there (a departure, read as any collective's),
+# but all ranks there together arrived and still cannot connect.
+SETUP_OP = "init_process_group"
+
+
+def _setup_stuck(group: StackGroup, job: JobShape) -> tuple[str, Finding]:
+    """Every rank sampled is in init_process_group: when they are the whole job, none is missing; they cannot
+    connect. Whether torchrun restarted the workers decides the likeliest cause (the `restarted` fact)."""
+    whole = job.world_size is not None and len(group.ranks) == job.world_size
+    message = f"{group.describe()}: " + (
+        f"every rank of the job ({job.world_size}) arrived, and they cannot connect to one another"
+        if whole
+        else "the ranks sampled arrived; the job's other ranks were not sampled (another node, perhaps), and one "
+        "that never arrived would keep them there"
+    )
+    facts: dict = {"restarted": True} if job.restarted else {}
+    if not whole:
+        facts |= {"undecided": True}
+    finding = Finding("stacks.setup_stuck", [], message, "primary", "rendezvous", _group_evidence([group]), facts)
+    return ("medium" if whole else "low"), finding
 
 
 def _stopped_finding(
@@ -527,6 +554,8 @@ def _stack_groups(
         message = (
             f"Every rank sampled is at the same place: {_groups_text(groups)}; not sampled: {format_ranks(unsampled)}"
         )
+    elif len(groups) == 1 and groups[0].position.op == SETUP_OP:
+        message = f"All ranks are at the same place: {_groups_text(groups)}"  # stacks.setup_stuck reads it
     elif len(groups) == 1:
         message = (
             f"All ranks are at the same place: {_groups_text(groups)}; the stacks cannot tell which rank is "
@@ -581,7 +610,7 @@ def assess_stacks(analysis: StackAnalysis, files: list[str] | None = None) -> As
         source="stacks",
         findings=list(analysis.findings),
         summary=summary,
-        category="hang",
+        category=primary[0].category if primary else "hang",  # a hang, or a rendezvous that never completed
         culprits=list(analysis.culprit_ranks),
         confidence=analysis.confidence,
         facts=facts,

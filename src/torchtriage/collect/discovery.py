@@ -34,6 +34,9 @@ WORKER_VARS = ("RANK", "LOCAL_RANK")
 SLURM_PLACE_VARS = ("SLURM_JOB_ID", "SLURM_NODEID")
 # What else tells jobs on one node apart, when none can be chosen: a job step, the launcher's run id.
 JOB_LABEL_VARS = ("SLURM_STEP_ID", "TORCHELASTIC_RUN_ID")
+# How many times torchrun restarted this node's workers (`--max-restarts`): a restarted group's setup can wait on
+# what the previous attempt left in the rendezvous store it shares with them.
+RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT",)
 # In a Kubernetes pod (KUBERNETES_SERVICE_HOST set), HOSTNAME is the pod's name: a capture in one pod takes
 # that pod's ranks, not those of other pods that share the node's process table (hostPID).
 POD_PLACE_VARS = ("HOSTNAME",)
@@ -44,6 +47,7 @@ LAUNCHER_ENV = tuple(
         + WORLD_SIZE_VARS
         + LOCAL_WORLD_SIZE_VARS
         + JOB_LABEL_VARS
+        + RESTART_VARS
         + SLURM_PLACE_VARS
         + POD_PLACE_VARS
     )
@@ -84,6 +88,7 @@ class RankProcess:
     agent_pid: int | None = None  # the torchrun agent it was found under
     note: str | None = None  # why a field is unknown, e.g. its environment was not readable
     local_world_size: int | None = None
+    restart_count: int | None = None  # torchrun's restarts of the worker group it belongs to
 
     def to_json(self) -> dict:
         return {
@@ -91,6 +96,7 @@ class RankProcess:
             "local_rank": self.local_rank,
             "world_size": self.world_size,
             "local_world_size": self.local_world_size,
+            "restart_count": self.restart_count,
             "pid": self.pid,
             "host": self.host,
             "cmdline": list(self.cmdline),
@@ -171,6 +177,7 @@ def rank_process(facts: ProcessFacts, host: str, agent_pid: int | None = None) -
         local_rank=first_int(facts.env, LOCAL_RANK_VARS),
         world_size=first_int(facts.env, WORLD_SIZE_VARS),
         local_world_size=first_int(facts.env, LOCAL_WORLD_SIZE_VARS),
+        restart_count=first_int(facts.env, RESTART_VARS),
         host=host,
         cmdline=facts.cmdline,
         agent_pid=agent_pid,

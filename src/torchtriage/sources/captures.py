@@ -36,6 +36,7 @@ class NodeCapture:
     world_size: int | None
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> its state (T or t), of the stopped processes
     node: str | None = None  # a pod's capture: the Kubernetes node the pod ran on, as kubectl named it
+    restarted: bool = False  # torchrun had restarted the captured workers (TORCHELASTIC_RESTART_COUNT > 0)
 
     @property
     def machine(self) -> str:
@@ -52,9 +53,10 @@ def read_capture(path: str) -> NodeCapture | None:
         return None
     if not isinstance(summary, dict) or summary.get("schema") != CAPTURE_SCHEMA:
         return None
-    processes = [p for p in summary.get("processes") or [] if isinstance(p, dict)]
+    listed = summary.get("processes")
+    processes = [p for p in listed if isinstance(p, dict)] if isinstance(listed, list) else []
     top = limits.active().rank  # a crafted count must not make a block of a billion ranks
-    pids, bases, local_sizes, world, stopped = {}, set(), set(), None, {}
+    pids, bases, local_sizes, world, stopped, restarted = {}, set(), set(), None, {}, False
     for process in processes:
         rank, local = as_int(process.get("rank"), None, 0, top), as_int(process.get("local_rank"), None, 0, top)
         if rank is None:
@@ -66,17 +68,23 @@ def read_capture(path: str) -> NodeCapture | None:
             bases.add(rank - local)
         local_sizes.add(as_int(process.get("local_world_size"), None, 1, top + 1))
         world = as_int(process.get("world_size"), None, 1, top + 1) or world
-    host = str(summary.get("host") or "this node")
-    return NodeCapture(path, host, pids, _expected(pids, bases, local_sizes), world, stopped, _pod_node(summary))
+        restarted = restarted or bool(as_int(process.get("restart_count"), 0, 0, 1 << 20))
+    host = _name(summary.get("host")) or "this node"
+    expected = _expected(pids, bases, local_sizes)
+    return NodeCapture(path, host, pids, expected, world, stopped, _pod_node(summary), restarted)
+
+
+def _name(value: object) -> str | None:
+    """A host's or node's name: text of one line, else unknown."""
+    if isinstance(value, str) and 0 < len(value) <= _NODE_CHARS and value.isprintable() and " " not in value:
+        return value
+    return None
 
 
 def _pod_node(summary: dict) -> str | None:
     """The node of a pod's capture: a name of one line, else unknown."""
     kubernetes = summary.get("kubernetes")
-    node = kubernetes.get("node") if isinstance(kubernetes, dict) else None
-    if isinstance(node, str) and 0 < len(node) <= _NODE_CHARS and node.isprintable() and " " not in node:
-        return node
-    return None
+    return _name(kubernetes.get("node")) if isinstance(kubernetes, dict) else None
 
 
 def _expected(pids: dict[int, int], bases: set[int], local_sizes: set[int | None]) -> frozenset[int]:
@@ -98,6 +106,19 @@ def gone_ranks(captures: list[NodeCapture]) -> dict[int, str]:
         for rank in sorted(capture.expected - found):
             gone[rank] = f"no process on {capture.host}, which runs ranks {_span(capture.expected)}"
     return gone
+
+
+@dataclass(frozen=True)
+class JobShape:
+    """What the captures say of the whole job: its world size, and whether torchrun had restarted its workers."""
+
+    world_size: int | None = None
+    restarted: bool = False
+
+
+def job_shape(captures: list[NodeCapture]) -> JobShape:
+    worlds = {c.world_size for c in captures if c.world_size is not None}
+    return JobShape(worlds.pop() if len(worlds) == 1 else None, any(c.restarted for c in captures))
 
 
 @dataclass(frozen=True)
