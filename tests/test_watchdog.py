@@ -4,6 +4,9 @@ torch behind the program's back."""
 import subprocess
 import sys
 import types
+from pathlib import Path
+
+import pytest
 
 from torchtriage.runtime.watchdog import _loaded
 
@@ -108,3 +111,37 @@ def test_a_rank_waiting_in_init_process_group_for_the_others_is_starting_not_sta
     )
     assert "rendezvous timed out" in done.stdout, done.stderr[-2000:]
     assert not (tmp_path / "rank00.txt").exists() and not (tmp_path / "verdict.json").exists()
+
+
+@pytest.mark.slow
+def test_a_watchdog_the_program_started_itself_names_where_its_culprit_ran(tmp_path):
+    """Without `torchtriage run`: each rank of a torchrun + gloo job starts its own HangWatchdog; rank 1 stops while
+    rank 0 waits in all_reduce. The watchdogs record where their ranks run as `run` would, and the verdict names
+    the culprit's host and pid from that record."""
+    import json
+    import socket
+    import time
+
+    from hung_job import TORCHRUN, clean_environment, stop_agents
+
+    out = tmp_path / "hang"
+    job = Path(__file__).parent / "jobs" / "faulty_machine.py"
+    agent = subprocess.Popen(
+        [str(TORCHRUN), "--standalone", "--nproc_per_node", "2", str(job)],
+        env=clean_environment(FAULT="rank:1", OWN_WATCHDOG=str(out)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "verdict.json").exists() and time.monotonic() < deadline and agent.poll() is None:
+            time.sleep(0.5)
+        verdict = json.loads((out / "verdict.json").read_text())
+    finally:
+        stop_agents([agent])
+    record = json.loads((out / ".run" / "identity" / "rank1.json").read_text())
+    assert verdict["culprit_ranks"] == [1], verdict["summary"]
+    (machine,) = verdict["culprit_machines"]
+    assert machine["host"] == socket.gethostname() and machine["pid"] == record["pid"]
+    assert "identity" in machine["sources"]

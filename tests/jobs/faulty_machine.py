@@ -8,7 +8,9 @@
 Every rank runs a few healthy all_reduces, prints `READY rank=<r> pid=<pid>` (flushed), then the culprit sleeps
 in `stuck_rank` while its peers wait in `peer_all_reduce`, until the test kills the job. A worker whose agent is
 gone exits within a second. With FAULT_ON_GPU=1 each rank first holds memory on GPU (local rank modulo the GPUs
-seen), as a training rank does; the collectives stay on gloo, so that several ranks may share one GPU.
+seen), as a training rank does; the collectives stay on gloo, so that several ranks may share one GPU. With
+OWN_WATCHDOG=DIR each rank starts a HangWatchdog itself (stall after 3 s, into DIR), as a program run without
+`torchtriage run` does.
 """
 
 import os
@@ -44,6 +46,10 @@ def is_culprit(rank: int, fault: str) -> bool:
 def main() -> None:
     fault = os.environ["FAULT"]
     exit_when_orphaned()
+    if os.environ.get("OWN_WATCHDOG"):
+        from torchtriage import HangWatchdog
+
+        HangWatchdog(stall_seconds=3, out_dir=os.environ["OWN_WATCHDOG"]).start()
     if os.environ.get("FAULT_ON_GPU") == "1":
         torch.cuda.set_device(env_int("LOCAL_RANK", 0) % torch.cuda.device_count())
         held = torch.ones(1 << 20, device="cuda")  # noqa: F841 - memory this rank holds on its GPU

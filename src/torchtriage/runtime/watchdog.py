@@ -69,6 +69,9 @@ from torchtriage.runtime.stall_episodes import (
     wake_key,
 )
 
+# A watchdog the program started itself (no `torchtriage run`) records where its rank runs as `run` would in a run
+# folder, in this dot folder of out_dir: `.run/identity/rank<N>.json`.
+OWN_RUN_SUBDIR = ".run"
 _REPORT_WAIT_S = 30.0  # how long the reporter waits for the other ranks' files
 _VERDICT_TIMEOUT_S = 120.0  # how long the verdict's analysis may take, in a process of its own
 
@@ -241,6 +244,8 @@ class HangWatchdog:
 
     def start(self) -> HangWatchdog:
         if self._thread is None:
+            if self.run_dir is None:
+                self._record_identity()
             _guard_program_timers()
             self._thread = threading.Thread(target=self._run, name="torchtriage-watchdog", daemon=True)
             self._thread.start()
@@ -517,10 +522,28 @@ class HangWatchdog:
             pass
 
     def _identities(self) -> list[str]:
-        """The ranks' identity records of this attempt, when `run` armed the job: the verdict then names the culprit's
-        host (and GPU) beside the pid its stack dump gives."""
-        folder = Path(self.run_dir) / IDENTITY_SUBDIR if self.run_dir else None
-        return [str(folder)] if folder is not None and folder.is_dir() else []
+        """The ranks' identity records of this attempt: the verdict then names the culprit's host (and GPU) beside
+        the pid its stack dump gives. `run` records them in the run folder; a watchdog the program started itself
+        in a dot folder of its own (`_record_identity`)."""
+        folder = Path(self.run_dir or self.out_dir / OWN_RUN_SUBDIR) / IDENTITY_SUBDIR
+        return [str(folder)] if folder.is_dir() else []
+
+    def _record_identity(self) -> None:
+        """Where this rank runs, recorded as `run` records it, for a watchdog the program started itself: in a dot
+        folder of `out_dir`, which no stall's archive moves and no folder walk fuses (the verdict names it)."""
+        from torchtriage.runtime.identity import identity_record, watch_for_gpu, write_identity
+
+        try:
+            record = identity_record(os.environ)
+            if record["rank"] is None:
+                return
+            folder = self.out_dir / OWN_RUN_SUBDIR
+            write_identity(folder, record)
+            watch_for_gpu(folder, record)
+        except Exception as err:  # noqa: BLE001 - the watchdog must never take training down
+            warnings.warn(
+                f"torchtriage watchdog: where this rank runs was not recorded: {err}", RuntimeWarning, stacklevel=1
+            )
 
     def _stamp_verdict(self, written: Path, episode: int) -> None:
         """Name the stall the verdict is of: its number in this job, when it was noticed, by which rank."""
