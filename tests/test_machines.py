@@ -158,7 +158,7 @@ def test_a_diagnosis_of_pods_names_the_node_the_culprits_pod_ran_on(tmp_path):
     summaries = {pod: json.loads((tmp_path / "pods" / pod / "summary.json").read_text()) for pod in pods}
     (holder,) = [pod for pod in pods if 2 in {p["rank"] for p in summaries[pod]["processes"]}]
     (machine,) = verdict["culprit_machines"]
-    assert (machine["host"], machine["pid"]) == (nodes[pods.index(holder)], ready[2])
+    assert (machine["host"], machine["pod"], machine["pid"]) == (nodes[pods.index(holder)], holder, ready[2])
     assert "capture" in machine["sources"]
     assert summaries[holder]["kubernetes"] == {"pod": holder, "namespace": None, "node": nodes[pods.index(holder)]}
 
@@ -186,6 +186,7 @@ def test_a_verdict_whose_sources_place_no_rank_says_so(tmp_path):
             "local_rank": None,
             "attempt": None,
             "sources": [],
+            "pod": None,
         }
     ]
     text = run_cli("triage", log).stdout.decode()

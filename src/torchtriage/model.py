@@ -260,6 +260,7 @@ class Machine:
     local_rank: int | None = None
     attempt: int | None = None
     sources: tuple[str, ...] = ()
+    pod: str | None = None  # a Kubernetes pod's name, where the rank ran in one (`host` is then its node)
 
     @property
     def known(self) -> bool:
@@ -269,14 +270,17 @@ class Machine:
         """This machine, its unknown fields taken from `other` (a source that says less, or says it later)."""
         values = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(other, name)
-            for name in ("host", "pid", "gpu_index", "gpu_uuid", "gpu_pci_bus_id", "local_rank", "attempt")
+            for name in ("host", "pid", "gpu_index", "gpu_uuid", "gpu_pci_bus_id", "local_rank", "attempt", "pod")
         }
         return Machine(self.rank, **values, sources=tuple(dict.fromkeys(self.sources + other.sources)))
 
     @property
     def text(self) -> str:
-        """`host a17, pid 4242, GPU 3 (GPU-8f0c..., 00000000:19:00.0)`: what is known, in the order one acts."""
+        """`host a17, pod trainer-3, pid 4242, GPU 3 (GPU-8f0c..., 00000000:19:00.0)`: what is known, in the order
+        one acts."""
         parts = [f"host {self.host}" if self.host is not None else "host not recorded"]
+        if self.pod is not None:
+            parts.append(f"pod {self.pod}")
         if self.pid is not None:
             parts.append(f"pid {self.pid}")
         card = ", ".join(x for x in (self.gpu_uuid, self.gpu_pci_bus_id) if x)

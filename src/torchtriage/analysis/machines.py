@@ -32,7 +32,13 @@ from torchtriage.sources.registrations import REGISTRATIONS_FILE, read_registrat
 def from_captures(captures: Iterable[NodeCapture]) -> dict[int, Machine]:
     """Rank -> host and pid, from live captures' summaries (a pod's: its node, and the pid in the pod)."""
     return {
-        rank: Machine(rank, host=capture.machine, pid=pid if pid > 0 else None, sources=("capture",))
+        rank: Machine(
+            rank,
+            host=capture.machine,
+            pid=pid if pid > 0 else None,
+            sources=("capture",),
+            pod=capture.pod,
+        )
         for capture in captures
         for rank, pid in capture.pids.items()
     }

@@ -37,6 +37,7 @@ class NodeCapture:
     stopped: dict[int, str] = field(default_factory=dict)  # rank -> its state (T or t), of the stopped processes
     node: str | None = None  # a pod's capture: the Kubernetes node the pod ran on, as kubectl named it
     restarted: bool = False  # torchrun had restarted the captured workers (TORCHELASTIC_RESTART_COUNT > 0)
+    pod: str | None = None  # a pod's capture: the pod's name
 
     @property
     def machine(self) -> str:
@@ -71,7 +72,7 @@ def read_capture(path: str) -> NodeCapture | None:
         restarted = restarted or bool(as_int(process.get("restart_count"), 0, 0, 1 << 20))
     host = _name(summary.get("host")) or "this node"
     expected = _expected(pids, bases, local_sizes)
-    return NodeCapture(path, host, pids, expected, world, stopped, _pod_node(summary), restarted)
+    return NodeCapture(path, host, pids, expected, world, stopped, _pod_node(summary), restarted, _pod(summary))
 
 
 def _name(value: object) -> str | None:
@@ -83,8 +84,17 @@ def _name(value: object) -> str | None:
 
 def _pod_node(summary: dict) -> str | None:
     """The node of a pod's capture: a name of one line, else unknown."""
+    return _kubernetes(summary, "node")
+
+
+def _pod(summary: dict) -> str | None:
+    """The pod a capture ran in, as its summary names it."""
+    return _kubernetes(summary, "pod")
+
+
+def _kubernetes(summary: dict, field_name: str) -> str | None:
     kubernetes = summary.get("kubernetes")
-    return _name(kubernetes.get("node")) if isinstance(kubernetes, dict) else None
+    return _name(kubernetes.get(field_name)) if isinstance(kubernetes, dict) else None
 
 
 def _expected(pids: dict[int, int], bases: set[int], local_sizes: set[int | None]) -> frozenset[int]:
