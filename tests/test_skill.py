@@ -233,19 +233,20 @@ def test_generating_the_skill_never_imports_torch():
 
 
 def test_a_branch_naming_a_missing_option_or_helper_stops_the_generation(monkeypatch):
+    from torchtriage.cli.skill import verb_parser
     from torchtriage.skill import generate
 
     bad_option = branches.Branch("x", "x", ("hang",), (branches.Command("triage LOGS --no-such-option", "x"),), "x")
     monkeypatch.setattr(branches, "BRANCHES", (bad_option,))
     with pytest.raises(SkillError, match="--no-such-option"):
-        generate.skill_text()
+        generate.skill_text(verb_parser)
 
     bad_verb = branches.Branch("x", "x", ("hang",), (branches.Command("stacks LOGS", "x"),), "x")
     monkeypatch.setattr(branches, "BRANCHES", (bad_verb,))
     with pytest.raises(SkillError, match="stacks"):
-        generate.skill_text()
+        generate.skill_text(verb_parser)
 
     bad_helper = branches.Branch("x", "x", ("hang",), (), "x", helpers=("DeadlockDetector",))
     monkeypatch.setattr(branches, "BRANCHES", (bad_helper,))
     with pytest.raises(SkillError, match="DeadlockDetector"):
-        generate.skill_text()
+        generate.skill_text(verb_parser)

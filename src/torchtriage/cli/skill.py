@@ -60,12 +60,24 @@ def _write_whole(target: Path, text: str) -> None:
     os.replace(partial, target)
 
 
+def verb_parser(verb: str) -> argparse.ArgumentParser | None:
+    """The parser `torchtriage VERB` uses (None for a verb the tool lacks), built alone: the skill is checked
+    against it."""
+    from torchtriage.cli import VERBS, build_parser
+
+    if verb not in VERBS:
+        return None
+    parser = build_parser(only=verb)
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[verb]
+
+
 def run(args: argparse.Namespace) -> int:
     if args.force and not args.out:
         raise UsageError("--force goes with --out.")
     from torchtriage.skill import skill_text
 
-    text = skill_text()
+    text = skill_text(verb_parser)
     if not args.out:
         emit(text.rstrip("\n"))
         return exit_codes.OK

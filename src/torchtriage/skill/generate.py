@@ -14,6 +14,7 @@ from torchtriage.model import SCHEMA, Confidence, Role
 from torchtriage.protocol import HANG_SUBDIR, VERDICT_STEM
 from torchtriage.skill import branches as b
 from torchtriage.skill.inventory import (
+    ParserOf,
     SkillError,
     categories,
     check_command,
@@ -24,6 +25,7 @@ from torchtriage.skill.inventory import (
     option_help,
     public_helpers,
     rules_by_category,
+    use_parsers,
     verdict_shape,
 )
 
@@ -32,8 +34,10 @@ ENV_SHOWN = 4
 VERDICT_FILE = f"DIR/{HANG_SUBDIR}/{VERDICT_STEM}.json"
 
 
-def skill_text() -> str:
-    """The whole SKILL.md: front matter, then the decision tree and how to read the verdict."""
+def skill_text(parser_of: ParserOf) -> str:
+    """The whole SKILL.md: front matter, then the decision tree and how to read the verdict. `parser_of(verb)`:
+    the command line's parser of a verb (None for one it lacks), which every command named is checked against."""
+    use_parsers(parser_of)
     check_tables()
     sections = [_front_matter(), _introduction(), _start(), _branch_table()]
     sections += [_branch(branch) for branch in b.BRANCHES]

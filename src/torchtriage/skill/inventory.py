@@ -11,6 +11,7 @@ import ast
 import importlib.util
 import re
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import cache
 
@@ -26,16 +27,27 @@ class SkillError(Exception):
     """The skill names something the tool does not have: a bug in the skill's table, never the user's."""
 
 
+# The command line's parser of each verb: the CLI hands it in (`use_parsers`), so that this package, below the CLI,
+# never imports it.
+ParserOf = Callable[[str], "argparse.ArgumentParser | None"]
+_parser_of: list[ParserOf] = []
+
+
+def use_parsers(parser_of: ParserOf) -> None:
+    """Read the command line through `parser_of(verb)`: the verb's parser, or None for a verb the tool lacks."""
+    _parser_of[:] = [parser_of]
+    verb_parser.cache_clear()
+
+
 @cache
 def verb_parser(verb: str) -> argparse.ArgumentParser:
-    """The parser `torchtriage VERB` uses, without importing any other verb's module."""
-    from torchtriage.cli import VERBS, build_parser
-
-    if verb not in VERBS:
+    """The parser `torchtriage VERB` uses."""
+    if not _parser_of:
+        raise SkillError("no command line to check the skill against (use_parsers was not called)")
+    parser = _parser_of[0](verb)
+    if parser is None:
         raise SkillError(f"the skill names `torchtriage {verb}`, which is not a verb")
-    parser = build_parser(only=verb)
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return sub.choices[verb]
+    return parser
 
 
 def option_help(verb: str, option: str) -> str:
