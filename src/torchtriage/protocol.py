@@ -97,8 +97,12 @@ def attempt_number(environ: Mapping[str, str]) -> int:
     total = 0
     for name in (FIRST_ATTEMPT_ENV, RESTART_COUNT_ENV):
         value = environ.get(name, "")
-        total += int(value) if value.isdigit() and len(value) < 10 else 0
+        total += int(value) if value.isascii() and value.isdigit() and len(value) < 10 else 0
     return total
+
+
+def _small_number(text: str) -> bool:
+    return text.isascii() and text.isdigit() and len(text) < 10
 
 
 def recorded_attempts(run_dir: str | Path) -> dict[int, Path]:
@@ -114,7 +118,8 @@ def recorded_attempts(run_dir: str | Path) -> dict[int, Path]:
         return found
     for entry in entries:
         number = entry.name.removeprefix(ATTEMPT_PREFIX)
-        if entry.name.startswith(ATTEMPT_PREFIX) and number.isdigit() and entry.is_dir(follow_symlinks=False):
+        # ASCII digits, a few: a folder named '.attempt-²' (a digit to isdigit(), which int() refuses) is no attempt
+        if entry.name.startswith(ATTEMPT_PREFIX) and _small_number(number) and entry.is_dir(follow_symlinks=False):
             found[int(number)] = Path(entry.path)
     return dict(sorted(found.items()))
 

@@ -13,6 +13,7 @@ from torchtriage.analysis import wait_for
 from torchtriage.analysis.fr_model import group_key
 from torchtriage.model import Finding
 from torchtriage.ranks import format_ranks
+from torchtriage.sources.fields import as_int
 from torchtriage.sources.flight_recorder import RankDump
 
 
@@ -89,7 +90,9 @@ def _gloo_unrecorded_ops(dumps: dict[int, RankDump]) -> bool:
             return True
         if any(_unrecorded_before_first(track) for track in dump.tracks.values()):
             return True
-        ids = {int(pg_id) for pg_id in dump.pg_ids.values() if pg_id.isdigit()}
+        # A group's id is a number: not a name, nor '²' (a digit to isdigit(), which int() refuses), nor thousands
+        # of digits (which int() refuses too).
+        ids = {as_int(pg_id, -1, 0) for pg_id in dump.pg_ids.values() if pg_id.isascii() and pg_id.isdigit()} - {-1}
         if ids and len(ids) < max(ids) + 1:
             return True
     return False

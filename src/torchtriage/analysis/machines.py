@@ -69,7 +69,12 @@ def from_launcher_report(facts: Mapping[str, Any]) -> dict[int, Machine]:
     processes = facts.get("launcher_processes")
     for rank, process in processes.items() if isinstance(processes, Mapping) else ():
         host, pid = process.get("host"), process.get("pid")
-        if str(rank).isdigit() and (isinstance(host, str) or isinstance(pid, int)):
+        if (
+            str(rank).isascii()
+            and str(rank).isdigit()
+            and len(str(rank)) <= 9
+            and (isinstance(host, str) or isinstance(pid, int))
+        ):
             found[int(rank)] = Machine(
                 int(rank), host=host if isinstance(host, str) and host else None,
                 pid=pid if isinstance(pid, int) and pid > 0 else None, sources=("launcher",),

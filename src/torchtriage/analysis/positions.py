@@ -249,8 +249,10 @@ def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
         if frame.native or not frame.locals or _function(frame) != op:
             continue
         for local in frame.locals:
-            if local.name == name and (local.repr or "").strip().isdigit():
-                return int(local.repr.strip())
+            value = (local.repr or "").strip()
+            # ASCII digits, a few: py-spy quotes the process's own value ('²' is a digit to isdigit(), not to int())
+            if local.name == name and value.isascii() and value.isdigit() and len(value) <= 9:
+                return int(value)
     return None
 
 

@@ -304,7 +304,7 @@ def _merge_facts(primary: _Candidate, related: list[LogEvent]) -> dict:
 
 def _rank_numbers(text: str) -> list[int]:
     parts = [p.strip() for p in text.replace(";", ",").split(",")]
-    return sorted({int(p) for p in parts if p.isdigit() and len(p) <= 7})
+    return sorted({int(p) for p in parts if p.isascii() and p.isdigit() and len(p) <= 7})
 
 
 def _ranks_the_lines_name(

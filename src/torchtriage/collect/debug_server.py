@@ -81,7 +81,7 @@ def parse_address(text: str) -> tuple[str, int]:
     """'HOST:PORT' (MASTER_ADDR:MASTER_PORT; [v6]:PORT) -> (host, port)."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not host or not (port.isascii() and port.isdigit() and len(port) < 6) or not 0 < int(port) < 65536:
         raise UsageError(f"--store {text}: give the job's store as HOST:PORT (its MASTER_ADDR:MASTER_PORT)")
     return host, int(port)
 

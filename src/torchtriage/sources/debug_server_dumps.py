@@ -28,8 +28,9 @@ def split_ranks(text: str) -> tuple[dict[int, str], dict[int, str]]:
     marks = list(SECTION.finditer(text))
     if marks and text[: marks[0].start()].lstrip().startswith("PARTIAL DATA:"):
         failed |= {int(m.group(1)): m.group(2).strip()[:200] for m in _FAILED.finditer(text[: marks[0].start()])}
-    for mark, following in zip(marks, [*marks[1:], None], strict=True):
-        body = text[mark.end() : following.start() if following else len(text)].strip("\n")
+    ends = [following.start() for following in marks[1:]] + [len(text)]  # a file of no section: no ends at all
+    for mark, end in zip(marks, ends[: len(marks)], strict=True):
+        body = text[mark.end() : end].strip("\n")
         rank = int(mark.group(1))
         if body.startswith("Error: ") and "\n" not in body.strip():
             failed.setdefault(rank, body.strip())

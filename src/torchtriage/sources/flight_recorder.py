@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 from torchtriage.knowledge.frames import is_library_file
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
-from torchtriage.sources.fields import TextMemo, as_int
+from torchtriage.sources.fields import TextMemo, as_int, as_text, describe
 from torchtriage.sources.forked import usable_cores
 from torchtriage.sources.fr_bytes import ByteTemplate, ByteTemplates
 from torchtriage.sources.fr_checks import check_entries, check_frames, check_header, ranks_in_text
@@ -257,11 +257,15 @@ def _compare_key(sig: Signature) -> str:
 def _version_problem(version: Any) -> str | None:
     if version is None:
         return "it has no `version` key, so it is not a flight-recorder dump (or one too old to read)"
-    text = str(version)
+    text = as_text(version, limit=40)
+    if not text:  # a container, bytes: never walked or formatted
+        return f"its format version is {describe(version)}, not a version such as '2.10': not a flight-recorder dump"
     major = text.split(".", 1)[0]
-    if not major.isdigit():
+    # ASCII digits only: '²'.isdigit() holds, and int() refuses it
+    number = as_int(major, -1, 0) if major.isascii() and major.isdigit() else -1
+    if number < 0:
         return f"its format version {text!r} is not a version this tool knows (it reads 2.x)"
-    if int(major) != SUPPORTED_MAJOR:
+    if number != SUPPORTED_MAJOR:
         return (
             f"its format version is {text}, and this torchtriage reads flight-recorder format 2.x "
             "(PyTorch 2.4 and later); upgrade torchtriage, or analyse it with the PyTorch that wrote it"

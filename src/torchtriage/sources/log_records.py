@@ -195,7 +195,7 @@ def _report_time(value: str) -> float | None:
 def _rank_of(fact: str | None) -> int | None:
     """The rank a line's fact names: digits, up to the largest rank read (a line's \\d+ can be thousands of
     digits long, more than Python converts to a number)."""
-    if fact is None or not fact.isdigit():
+    if fact is None or not (fact.isascii() and fact.isdigit()):
         return None
     return as_int(fact, None, 0, limits.active().rank)  # type: ignore[arg-type]
 

@@ -130,8 +130,26 @@ class NvlinkInputs:
 # ---------------------------------------------------------------------------------------------------
 # nvidia-smi text
 
+# The GPUs of one machine, as nvidia-smi and NVML list them: the largest hosts hold 16. A list of more is not one
+# machine's, and the analysis compares each GPU with its peers (their number squared) and each Xid with them all.
+MAX_GPUS = 256
+
 _GPU_HEADER = re.compile(r"^GPU (\d+): (.*?)(?: \(UUID: ([^)]+)\))?\s*$")
 _LINK_LINE = re.compile(r"^\s*Link (\d+): (.*?)\s*$")
+
+
+def _past_gpus(what: str, count: int) -> InputError:
+    return InputError(
+        f"{what}: lists {count:,} GPUs, and one machine has at most {MAX_GPUS}: not the output of one machine; "
+        "give each machine's output in a file of its own"
+    )
+
+
+def _gpu(gpus: dict[int, GpuRecord], index: int, what: str) -> GpuRecord:
+    """The record of GPU `index`, made on first sight, within the GPUs of one machine."""
+    if index not in gpus and len(gpus) >= MAX_GPUS:
+        raise _past_gpus(what, len(gpus) + 1)
+    return gpus.setdefault(index, GpuRecord(index))
 
 
 def _split_gpus(text: str, what: str) -> list[tuple[int, str, str, list[str]]]:
@@ -160,7 +178,7 @@ def parse_nvlink_status(text: str, gpus: dict[int, GpuRecord] | None = None) -> 
     rate) means the link is down."""
     gpus = {} if gpus is None else gpus
     for index, name, uuid, body in _split_gpus(text, "nvidia-smi nvlink -s"):
-        gpu = gpus.setdefault(index, GpuRecord(index))
+        gpu = _gpu(gpus, index, "nvidia-smi nvlink -s")
         gpu.name, gpu.uuid = name or gpu.name, uuid or gpu.uuid
         for line in body:
             match = _LINK_LINE.match(line)
@@ -182,7 +200,7 @@ def parse_nvlink_errors(text: str, gpus: dict[int, GpuRecord] | None = None) -> 
     """`nvidia-smi nvlink -e`, either layout: `Link n: <counter name>: <value>` lines."""
     gpus = {} if gpus is None else gpus
     for index, name, uuid, body in _split_gpus(text, "nvidia-smi nvlink -e"):
-        gpu = gpus.setdefault(index, GpuRecord(index))
+        gpu = _gpu(gpus, index, "nvidia-smi nvlink -e")
         gpu.name, gpu.uuid = name or gpu.name, uuid or gpu.uuid
         for line in body:
             match = _LINK_LINE.match(line)
@@ -225,6 +243,8 @@ def parse_memory_query(text: str) -> list[MemoryHealth]:
         line = raw.rstrip()
         gpu = _QUERY_GPU.match(line)
         if gpu:
+            if len(result) >= MAX_GPUS:
+                raise _past_gpus("nvidia-smi -q", len(result) + 1)
             result.append(MemoryHealth(len(result), gpu.group(1)))
             stack = []
             continue
@@ -439,6 +459,8 @@ def parse_nvml_dump(data: Any, what: str = "NVML dump") -> list[GpuRecord]:
     """GPU and link records from `read_nvml`'s dict (or tests/fixtures/h200x2/nvml.json)."""
     if not isinstance(data, dict) or not isinstance(data.get("gpus"), list):
         raise InputError(f"{what}: expected a JSON object with a `gpus` list (as `read_nvml` writes)")
+    if len(data["gpus"]) > MAX_GPUS:
+        raise _past_gpus(what, len(data["gpus"]))
     gpus = []
     for position, raw in enumerate(data["gpus"]):
         if not isinstance(raw, dict) or not isinstance(raw.get("links", []), list):

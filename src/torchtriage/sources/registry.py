@@ -541,7 +541,15 @@ def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
                 problems.append("standard input is empty: nothing was piped in.")
                 continue
             head = _head_of("<stdin>", raw)
-            inputs.append(Input(STDIN, sniff(head), head.compressed, None))
+            kind = sniff(head)
+            if kind.kind != SourceKind.LOG:  # only logs are streamed; every other reader opens a file by its path
+                by = f" (`torchtriage {kind.read_by}` reads it)" if kind.read_by else ""
+                problems.append(
+                    f"standard input holds {kind.what}{by}, which torchtriage reads only from a file: save it to "
+                    "a file and name that (logs alone are read from standard input)."
+                )
+                continue
+            inputs.append(Input(STDIN, kind, head.compressed, None))
         elif os.path.isdir(path):
             inputs += _discover_folder(path, problems)
         elif os.path.lexists(path):
