@@ -312,3 +312,26 @@ def test_topology_matrix_from_recording():
     capture = smi.split_capture((H200 / "nvidia_smi.txt").read_text())
     matrix = smi.parse_topology(capture["nvidia-smi topo -m"])
     assert matrix == {"GPU0": {"GPU1": "NV18"}, "GPU1": {"GPU0": "NV18"}}
+
+
+def test_a_gpu_is_compared_with_the_most_links_any_peer_of_its_model_has():
+    """One pass per model, the same judgement as comparing each GPU with every peer: seeded random machines of
+    mixed models, some GPUs alone of their model, some sharing the most links."""
+    import random
+
+    from torchtriage.analysis.nvlink import classify_gpus
+    from torchtriage.sources.nvlink import GpuRecord, LinkRecord
+
+    rng = random.Random(7)
+    for _ in range(200):
+        gpus = []
+        for index in range(rng.randint(1, 12)):
+            gpu = GpuRecord(index, rng.choice(["H100", "H200", "A100"]))
+            for link in range(rng.randint(0, 6)):
+                gpu.links[link] = LinkRecord(index, link, active=rng.random() < 0.8)
+            gpus.append(gpu)
+        active = {g.index: sum(1 for link in g.links.values() if link.active is not False) for g in gpus}
+        for verdict in classify_gpus(gpus):
+            peers = [active[g.index] for g in gpus if g.name == verdict.name and g.index != verdict.gpu]
+            expected = UNHEALTHY if peers and active[verdict.gpu] < max(peers) else OK
+            assert verdict.status == expected, (verdict, active)

@@ -151,14 +151,19 @@ def classify_link(link: LinkRecord) -> LinkVerdict:
 def classify_gpus(gpus: list[GpuRecord]) -> list[GpuVerdict]:
     """Each GPU's active-link count against its peers of the same model."""
     active = {g.index: sum(1 for link in g.links.values() if link.active is not False) for g in gpus}
+    by_model: dict[str, list[int]] = {}  # the active counts of each model's GPUs, most first (one pass, not pairs)
+    for gpu in gpus:
+        by_model.setdefault(gpu.name, []).append(active[gpu.index])
+    for counts in by_model.values():
+        counts.sort(reverse=True)
     result = []
     for gpu in gpus:
-        peers = [active[p.index] for p in gpus if p.name == gpu.name and p.index != gpu.index]
+        best = _peers_most(by_model[gpu.name], active[gpu.index])
         verdict = GpuVerdict(gpu.index, gpu.name, OK, active[gpu.index])
-        if peers and active[gpu.index] < max(peers):
+        if best is not None and active[gpu.index] < best:
             verdict.status = UNHEALTHY
             verdict.reasons.append(
-                f"{active[gpu.index]} active NVLinks while its peers have {max(peers)}: this GPU's bandwidth to "
+                f"{active[gpu.index]} active NVLinks while its peers have {best}: this GPU's bandwidth to "
                 "the others is reduced, and collectives run at the pace of the slowest link"
             )
         result.append(verdict)
@@ -199,6 +204,15 @@ def classify_xid(event: XidEvent) -> XidVerdict:
     if 144 <= event.xid <= 150 and "nonfatal" in event.text.lower():
         severity, meaning = "info", "NVLink 5 non-fatal event, absorbed by FEC (watch the FEC rate)"
     return XidVerdict(event.xid, event.bus_id, severity, meaning, event.text, event.line)
+
+
+def _peers_most(counts: list[int], own: int) -> int | None:
+    """The most active links a GPU's peers of its model have (`counts`: all of the model's, most first), or None
+    for a GPU with no peer: the model's most, unless that is this GPU's own count (then the next, which a peer
+    with as many holds too)."""
+    if len(counts) < 2:
+        return None
+    return counts[1] if own == counts[0] else counts[0]
 
 
 def _gpu_for_bus(bus_id: str, gpus: list[GpuRecord], memory: list[MemoryHealth]) -> int | None:
@@ -248,9 +262,12 @@ def analyse(inputs: NvlinkInputs) -> NvlinkReport:
                     "gpu_fault",
                 )
             )
+    gpu_of_bus: dict[str, int | None] = {}  # a kernel log repeats a few bus ids thousands of times
     for xid in xids or []:
         if xid.severity in ("fatal", "job", "unknown"):
-            gpu_index = _gpu_for_bus(xid.bus_id, inputs.gpus, inputs.memory)
+            if xid.bus_id not in gpu_of_bus:
+                gpu_of_bus[xid.bus_id] = _gpu_for_bus(xid.bus_id, inputs.gpus, inputs.memory)
+            gpu_index = gpu_of_bus[xid.bus_id]
             where = f"GPU {gpu_index}" if gpu_index is not None else xid.bus_id
             findings.append(
                 Finding(
