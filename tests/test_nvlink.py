@@ -335,3 +335,10 @@ def test_a_gpu_is_compared_with_the_most_links_any_peer_of_its_model_has():
             peers = [active[g.index] for g in gpus if g.name == verdict.name and g.index != verdict.gpu]
             expected = UNHEALTHY if peers and active[verdict.gpu] < max(peers) else OK
             assert verdict.status == expected, (verdict, active)
+
+
+def test_a_fifo_given_to_nvlink_is_named_not_read(tmp_path):
+    fifo = tmp_path / "smi.txt"
+    os.mkfifo(fifo)
+    done = run_cli("nvlink", "--from", str(fifo))
+    assert done.returncode == 3 and b"a FIFO" in done.stderr and b"Traceback" not in done.stderr

@@ -172,9 +172,11 @@ def load_recorded(paths: Sequence[str]) -> smi.NvlinkInputs:
     for raw in paths:
         if not Path(raw).exists():
             raise InputError(f"{raw}: no such file or folder")
-    found = discover(list(paths), [])
+    unread: list[str] = []  # a FIFO, a device, a link out of the folder: said, not read
+    found = discover(list(paths), unread)
     files = [Path(i.path) for i in found if i.kind in (SourceKind.NVIDIA, SourceKind.LOG, SourceKind.UNKNOWN)]
     inputs = smi.NvlinkInputs()
+    inputs.problems += unread
     nvml_gpus: list[smi.GpuRecord] | None = None
     smi_gpus: dict[int, smi.GpuRecord] = {}
     for path in files:
@@ -213,8 +215,9 @@ def load_recorded(paths: Sequence[str]) -> smi.NvlinkInputs:
     elif smi_gpus:
         inputs.gpus = [smi_gpus[i] for i in sorted(smi_gpus)]
     if not inputs.gpus and not inputs.memory:
+        why = f" ({'; '.join(unread[:3])})" if unread else ""
         raise InputError(
-            f"no NVLink or GPU-memory data found in {', '.join(paths)}: expected nvidia-smi output "
+            f"no NVLink or GPU-memory data found in {', '.join(paths)}{why}: expected nvidia-smi output "
             "(`nvidia-smi nvlink -s`, `nvlink -e`, `-q -d ECC,...`, optionally after `+ nvidia-smi ...` "
             "header lines) or an NVML JSON dump"
         )
