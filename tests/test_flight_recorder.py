@@ -787,3 +787,16 @@ def test_walk_refuses_what_plain_protocol_2_data_does_not_write():
     assert _analyse(raw, data, []) is not None
     assert _analyse(raw, {"version": "2.10", "entries": [entry(1, time_created_ns=5)]}, []) is None  # not its reading
     assert _analyse(pickle.dumps({"entries": [entry(1)], "version": "2.10"}, protocol=2), data, []) is None  # not last
+
+
+def test_the_limit_a_refusal_suggests_reaches_the_rank_it_refused():
+    """A dump of rank 10^9 (a job that large, or a crafted file): the flag the message gives must admit it."""
+    from torchtriage.sources import limits
+    from torchtriage.sources.fr_checks import ranks_in_text
+
+    with pytest.raises(limits.LimitExceeded) as refused:
+        ranks_in_text("[0, 1, 999999999]", "pg_config.ranks")
+    suggested = int(refused.value.hint.split("--limit rank=")[1].split()[0])
+    assert suggested >= 999_999_999
+    with limits.using(limits.Limits(rank=suggested)):
+        assert ranks_in_text("[0, 1, 999999999]", "pg_config.ranks") == (0, 1, 999_999_999)

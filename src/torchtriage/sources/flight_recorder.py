@@ -369,7 +369,9 @@ def _rank_of(data: dict, rank_hint: int | None) -> tuple[int, str]:
             "(name it like nccl_trace_rank_<N>)"
         )
     if rank_hint > limits.active().rank:
-        raise LimitExceeded(f"the rank in its file name, {rank_hint:,}, is past the largest rank accepted", "rank")
+        raise LimitExceeded(
+            f"the rank in its file name, {rank_hint:,}, is past the largest rank accepted", "rank", rank_hint
+        )
     return rank_hint, "file name"
 
 

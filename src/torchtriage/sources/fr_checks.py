@@ -203,7 +203,7 @@ def check_header(data: dict, size: int, max_rank: int) -> None:
     rank = data.get("rank")
     if rank is not None and not (type(rank) is int and 0 <= rank <= max_rank):
         if type(rank) is int and rank > max_rank:
-            raise LimitExceeded(f"its rank, {describe(rank)}, is past the largest rank accepted", "rank")
+            raise LimitExceeded(f"its rank, {describe(rank)}, is past the largest rank accepted", "rank", rank)
         raise FieldError("rank", rank, "a rank (a non-negative integer)")
     config = data.get("pg_config")
     if config is not None:
@@ -242,7 +242,7 @@ def _check_group_config(key: str, info: Any, size: int, max_rank: int) -> None:
         raise FieldError(f"{field}.ranks", ranks, "a list of ranks")
     if ranks and (min(ranks) < 0 or max(ranks) > max_rank):
         extreme = describe(max(ranks, key=abs))
-        raise LimitExceeded(f"`{field}.ranks` holds {extreme}, past the largest rank accepted", "rank")
+        raise LimitExceeded(f"`{field}.ranks` holds {extreme}, past the largest rank accepted", "rank", max(ranks))
 
 
 _RANKS_TEXT = re.compile(r"\s*[\[(]?\s*(?:\d{1,9}\s*(?:,\s*\d{1,9}\s*)*,?)?\s*[\])]?\s*")
@@ -260,6 +260,8 @@ def ranks_in_text(text: str, field: str = "ranks", max_rank: int | None = None) 
         parsed = tuple(int(part) for part in text.strip().strip("[]()").split(",") if part.strip())
         limit = limits.active().rank if max_rank is None else max_rank
         if parsed and max(parsed) > limit:
-            raise LimitExceeded(f"`{field}` holds the rank {max(parsed):,}, past the largest rank accepted", "rank")
+            raise LimitExceeded(
+                f"`{field}` holds the rank {max(parsed):,}, past the largest rank accepted", "rank", max(parsed)
+            )
         _parsed_ranks.put(text, parsed)
     return parsed

@@ -69,12 +69,14 @@ _active = Limits()
 class LimitExceeded(ValueError):
     """One input is past a budget. `what` says which and how far; `hint` gives the flag that raises it."""
 
-    def __init__(self, what: str, limit_name: str) -> None:
+    def __init__(self, what: str, limit_name: str, needed: int | None = None) -> None:
+        """`needed`: the value the input holds (a rank), where the limit must reach it to read the file."""
         self.what = what
         self.limit_name = limit_name
         flag = limit_name.replace("_", "-")
         current = getattr(_active, limit_name)
-        larger = _flag_size(current * 4) if limit_name in SIZES else f"{current * 4}"
+        raised = max(current * 4, needed or 0)
+        larger = _flag_size(raised) if limit_name in SIZES else f"{raised}"
         self.hint = f"raise the limit with --limit {flag}={larger} if the file is genuine"
         super().__init__(f"{what}: refused ({self.hint})")
 
