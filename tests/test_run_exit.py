@@ -101,7 +101,7 @@ def test_the_watchdogs_verdict_leads_the_triage_of_the_console_not_the_signal_th
     assert verdict["findings"][0]["kind"] == "hang.watchdog_verdict"
     found = kinds(verdict)
     # the signal, and the launcher's end it caused, are the stall's consequences
-    assert found["logs.uncaught_exception"] == "collateral" and found["logs.launcher_ended"] == "collateral"
+    assert found["logs.agent_death_signal"] == "collateral" and found["logs.launcher_ended"] == "collateral"
     record = exit_record(run_dir)
     assert record["exit_code"] == code != 0 and record["forwarded_signals"] == ["SIGTERM"]
 

@@ -278,8 +278,17 @@ _DIGITS = bytes.maketrans(b"123456789", b"000000000")
 
 def _starts_alike(line: bytes, following: bytes) -> bool:
     """The same kind of start: `[1,5]<stdout>` and `[1,7]<stdout>`, two records of one log; behind the colour
-    codes a logger puts before some records and not others (`\x1b[1;31mDLL 2025` and `DLL 2025`)."""
-    return _body(following)[:_PREFIX].translate(_DIGITS) == _body(line)[:_PREFIX].translate(_DIGITS)
+    codes a logger puts before some records and not others (`\x1b[1;31mDLL 2025` and `DLL 2025`). A launcher's
+    prefix stays: the rest of a `[rank0]: iteration ...` record may start with `iterations`."""
+    return _uncoloured(following)[:_PREFIX].translate(_DIGITS) == _uncoloured(line)[:_PREFIX].translate(_DIGITS)
+
+
+_LEADING_COLOUR = re.compile(rb"(?:\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~])+")
+
+
+def _uncoloured(line: bytes) -> bytes:
+    found = _LEADING_COLOUR.match(line)
+    return line[found.end() :] if found else line
 
 
 class Wrapping(NamedTuple):
