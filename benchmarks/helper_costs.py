@@ -13,7 +13,7 @@ jitter stays out of the numbers. A model whose steps are bound by kernel launche
 256 --seq 256 --batch 8`) shows the host-side costs in full, but on a virtual machine its blocks of
 steps vary by up to 10% (seen on an H100 host), so the intervals are wide.
 
-Every mode is timed against the plain loop (`loss.backward(); optimizer.step()`) of the same model in
+Every mode is timed against the plain loop (the clipping modes: against the plain loop that clips) (`loss.backward(); optimizer.step()`) of the same model in
 the same process: in each round, for every mode (in a shuffled order), one block of `--steps` steps of
 the plain loop and one with the helper, the order within the pair alternating from round to round
 (AB, BA, ...), so warm-up and drift fall on both sides. A block's time is the wall time between two
@@ -33,6 +33,10 @@ The optimizer is AdamW with `fused=True` (what `blocking=False` needs) in every 
                        later;
 - nonblocking-locate:  the same with `model=, locate=True` and `replay=` (nothing runs until a skip);
 - nonblocking-blocks:  and `watch="blocks"`: a device-side sum per block output;
+- guard-clip:          `NonFiniteGuard(optimizer, max_grad_norm=1.0)`, timed against the plain loop that
+                       clips (`clip_grad_norm_(parameters, 1.0, foreach=True)`): what the guard costs a job
+                       that clips its gradients, since it clips with the norm it computed;
+- nonblocking-clip:    the same with `blocking=False`;
 - with --explain, the pieces of the blocking guard: `norm` (its fused norm pass, no host read) and
   `read` (one device-to-host read of a gradient element after the backward, nothing else);
 - with --base/--base-src, `guard@base`: another tree's `NonFiniteGuard`, default arguments.
@@ -64,13 +68,19 @@ from pathlib import Path
 from nonfinite_overhead import build, loss_of
 from runtime_overhead import bootstrap_median
 
+CLIP = 1.0
 GUARDS = {
     "guard": {},
     "guard-blocks": {"locate": True, "watch": "blocks"},
     "nonblocking": {"blocking": False},
     "nonblocking-locate": {"blocking": False, "locate": True},
     "nonblocking-blocks": {"blocking": False, "locate": True, "watch": "blocks"},
+    "guard-clip": {"max_grad_norm": CLIP},
+    "nonblocking-clip": {"blocking": False, "max_grad_norm": CLIP},
 }
+# A job that clips its gradients already pays for the norm pass: a guard given max_grad_norm= clips with the
+# norm it computed, so the clipping modes are timed against the plain loop that calls clip_grad_norm_.
+BASELINE = {"guard-clip": "clip", "nonblocking-clip": "clip"}
 MODES = ("plain", "monitor", *GUARDS)
 EXPLAIN = ("norm", "read")
 
@@ -146,7 +156,9 @@ class Loop:
         guard.step(loss=loss, batch_index=self.index, replay=replay)
 
     def _plain_end(self, mode: str) -> None:
-        if mode == "norm":
+        if mode == "clip":
+            self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP, foreach=True)
+        elif mode == "norm":
             self.guards["guard"]._grad_sums()
         elif mode == "read":
             first = next(p for p in self.model.parameters() if p.grad is not None)
@@ -203,9 +215,10 @@ def load_base_guard(src: Path):
 
 
 def measure(args, loop: Loop, modes: list[str]) -> dict[str, list[float]]:
-    """Per mode, the ratios (mode / plain) of `--pairs` interleaved pairs of blocks."""
+    """Per mode, the ratios (mode / its baseline, the plain loop unless BASELINE says) of `--pairs` interleaved
+    pairs of blocks."""
     rng = random.Random(0)
-    for mode in ["plain", *modes]:  # warm-up: each mode's first block allocates and compiles
+    for mode in ["plain", "clip", *modes]:  # warm-up: each mode's first block allocates and compiles
         loop.block(mode, args.steps)
     ratios: dict[str, list[float]] = {mode: [] for mode in modes}
     plain_times: list[float] = []
@@ -216,12 +229,14 @@ def measure(args, loop: Loop, modes: list[str]) -> dict[str, list[float]]:
         order = list(modes)
         rng.shuffle(order)
         for mode in order:
+            baseline = BASELINE.get(mode, "plain")
             if round_index % 2 == 0:
-                base, helped = loop.block("plain", args.steps), loop.block(mode, args.steps)
+                base, helped = loop.block(baseline, args.steps), loop.block(mode, args.steps)
             else:
-                helped, base = loop.block(mode, args.steps), loop.block("plain", args.steps)
+                helped, base = loop.block(mode, args.steps), loop.block(baseline, args.steps)
             ratios[mode].append(helped / base)
-            plain_times.append(base)
+            if baseline == "plain":
+                plain_times.append(base)
     ratios["_plain_seconds"] = plain_times
     return ratios
 
@@ -350,11 +365,12 @@ def report(result: dict) -> None:
         f"plain step {result['plain_step_ms']:.2f} ms; blocks of {result['steps_per_block']} steps; "
         f"{result['seconds']:.0f} s in all"
     )
-    print(f"  {'mode':<20} {'ratio':>7}  {'95% interval':<17} {'per step':>10}  pairs")
+    print(f"  {'mode':<20} {'ratio':>7}  {'95% interval':<17} {'per step':>10}  pairs  against")
     for mode, row in result["modes"].items():
         low, high = row["ci95"]
         print(
-            f"  {mode:<20} x{row['ratio']:.4f}  [{low:.4f}, {high:.4f}]  {row['us_per_step']:+8.0f} us  {row['pairs']}"
+            f"  {mode:<20} x{row['ratio']:.4f}  [{low:.4f}, {high:.4f}]  {row['us_per_step']:+8.0f} us  "
+            f"{row['pairs']:>5}  {BASELINE.get(mode, 'plain')}"
         )
     skipped = result["skipped_step"]
     print(

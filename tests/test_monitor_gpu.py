@@ -21,6 +21,17 @@ sys.path.insert(0, str(ROOT / "tests" / "jobs"))
 from monitor_gpu_cases import EXPECTED  # noqa: E402
 
 
+# The recordings share one GPU between both ranks. There, rank 1's extra forward (`compute`) runs on the device
+# rank 0 uses too and delays rank 0's kernels as much as its own: rank 0's device forward is the longer one in
+# the recording, so no rank's own time stands out. Naming nobody is right on one shared GPU (naming rank 0
+# would be wrong); the case shows its straggler with a GPU per rank.
+ON_ONE_SHARED_GPU = {"compute": None}
+
+
+def expected_on_one_gpu(case: str):
+    return ON_ONE_SHARED_GPU.get(case, EXPECTED[case])
+
+
 def recording(case: str) -> Path:
     folder = FIXTURES / case
     if not (folder / "steps-rank0.jsonl").is_file():
@@ -53,7 +64,7 @@ def test_a_gpu_recording_replays_into_its_expected_decision(case):
     assert all(stats[1]["gpu"] is not None for _, _, stats in recorded[1:]), "the device's forward was not timed"
     decider = S.Decider()
     decisions = [d for first, last, stats in recorded for d in decider.window(first, last, stats)]
-    expected = EXPECTED[case]
+    expected = expected_on_one_gpu(case)
     assert said(decisions) == ({expected} if expected else set()), [d["line"] for d in decisions]
 
 
@@ -62,5 +73,16 @@ def test_what_the_gpu_job_decided_while_it_ran_names_no_other_rank(case):
     folder = recording(case)
     path = folder / "stragglers.jsonl"
     live = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
-    expected = EXPECTED[case]
+    expected = expected_on_one_gpu(case)
     assert said(live) <= ({expected} if expected else set()), [d["line"] for d in live]
+
+
+def test_on_one_shared_gpu_the_extra_forward_lengthens_the_peers_device_forward_too():
+    """Why `compute` names nobody on one GPU: the slow rank's device forward is not the longer one."""
+    folder = recording("compute")
+    medians = {}
+    for rank in (0, 1):
+        lines = (folder / f"steps-rank{rank}.jsonl").read_text().splitlines()
+        values = sorted(json.loads(line)["gpu_forward_ms"] for line in lines[3:] if line.strip())
+        medians[rank] = values[len(values) // 2]
+    assert medians[0] >= medians[1], medians
