@@ -13,13 +13,13 @@ jitter stays out of the numbers. A model whose steps are bound by kernel launche
 256 --seq 256 --batch 8`) shows the host-side costs in full, but on a virtual machine its blocks of
 steps vary by up to 10% (seen on an H100 host), so the intervals are wide.
 
-Every mode is timed against the plain loop (the clipping modes: against the plain loop that clips) (`loss.backward(); optimizer.step()`) of the same model in
-the same process: in each round, for every mode (in a shuffled order), one block of `--steps` steps of
-the plain loop and one with the helper, the order within the pair alternating from round to round
-(AB, BA, ...), so warm-up and drift fall on both sides. A block's time is the wall time between two
-device synchronisations on a GPU; on the CPU, the process's CPU time on one thread (`--threads`),
-since on a shared host wall time measures the neighbours. Per mode: the median of the pairs' ratios
-(helper / plain) with a 95% bootstrap interval, and what that is in microseconds per step. `plain`
+Every mode is timed against the plain loop (`loss.backward(); optimizer.step()`; for the clipping modes, the
+plain loop that clips) of the same model in the same process: in each round, for every mode (in a shuffled
+order), one block of `--steps` steps of the plain loop and one with the helper, the order within the pair
+alternating from round to round (AB, BA, ...), so warm-up and drift fall on both sides. A block's time is the
+wall time between two device synchronisations on a GPU; on the CPU, the process's CPU time on one thread
+(`--threads`), since on a shared host wall time measures the neighbours. Per mode: the median of the pairs'
+ratios (helper / plain) with a 95% bootstrap interval, and what that is in microseconds per step. `plain`
 against itself is the noise. Rounds stop at `--pairs` or after `--max-seconds`, whichever is first.
 
 The optimizer is AdamW with `fused=True` (what `blocking=False` needs) in every mode. Modes:

@@ -20,7 +20,6 @@ FIXTURES = ROOT / "tests" / "fixtures" / "monitor_gpu"
 sys.path.insert(0, str(ROOT / "tests" / "jobs"))
 from monitor_gpu_cases import EXPECTED  # noqa: E402
 
-
 # The recordings share one GPU between both ranks. There, rank 1's extra forward (`compute`) runs on the device
 # rank 0 uses too and delays rank 0's kernels as much as its own: rank 0's device forward is the longer one in
 # the recording, so no rank's own time stands out. Naming nobody is right on one shared GPU (naming rank 0
