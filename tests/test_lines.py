@@ -56,3 +56,40 @@ def test_an_nccl_line_of_a_release_without_the_tag_gets_it_back():
     new = "node1:4242:4301 [0] misc/ibvwrap.cc:212 NCCL WARN Call to ibv_open_device failed"
     assert normalise(new).text == new
     assert normalise("WARN this is not NCCL").text == "WARN this is not NCCL"
+
+
+# --- The census's rank is normalise's -------------------------------------------------------------------------
+
+_LAYERS = (
+    lambda r: f"[rank{r.randint(0, 99)}]:",
+    lambda r: f"[default{r.randint(0, 7)}]:",
+    lambda r: f"[trainer{r.randint(0, 9)}]:",
+    lambda r: f"[1,{r.randint(0, 31)}]<stderr>:",
+    lambda r: f"[Rank {r.randint(0, 9)}] ",
+    lambda r: f"rank{r.randint(0, 9)}: ",
+    lambda r: f"{r.randint(0, 63):>2}: ",
+    lambda r: f"[rank{r.randint(10**12, 10**13)}]:",  # past the rank limit: no prefix
+    lambda r: "10.0.0.5: ",
+    lambda r: "node-07: ",
+    lambda r: f"(RayTrainWorker pid={r.randint(1, 99999)}, ip=10.0.0.5) ",
+    lambda r: "[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] ",
+    lambda r: "W1130 02:54:18.606000 625 torch/distributed/run.py:851] ",
+    lambda r: "2026-11-30 04:32:11,123 - ",
+    lambda r: "[W socket.cpp:663] ",
+    lambda r: "\x1b[31m",
+    lambda r: " ",
+)
+_MESSAGES = ("RuntimeError: boom", "loss: nan", "[titan] step 5", "Watchdog caught", "", "12: x", "[0]:")
+
+
+def test_the_census_rank_is_the_rank_normalise_finds():
+    """`line_rank` reads only the leading prefixes: for any stack of prefixes and headers, the same rank."""
+    import random
+
+    from torchtriage.sources.lines import line_rank
+
+    rng = random.Random(5)
+    for _ in range(5000):
+        layers = [rng.choice(_LAYERS)(rng) for _ in range(rng.randint(0, 5))]
+        raw = "".join(layers) + rng.choice(_MESSAGES) + rng.choice(("", "  ", "\r"))
+        assert line_rank(raw) == normalise(raw).rank, raw

@@ -121,3 +121,18 @@ def test_the_records_of_an_ordinary_log_are_never_joined():
     data = ("\n".join(lines) + "\n").encode()
     got = list(scan_lines(io.BytesIO(data), literal_trie_regex([":"])))
     assert [text.decode() for _, text in got] == lines
+
+
+def test_the_span_search_finds_what_search_finds_and_is_silent_on_empty_ranges(capfd):
+    """The prefilter's fast call gives the spans `search` gives, and an empty or inverted range is no hit (RE2
+    itself would log such a range to the user's terminal)."""
+    from torchtriage.knowledge.prefilter import compile_prefilter, span_search
+
+    compiled = compile_prefilter(["NCCL WARN", "Traceback", "Error"])
+    find = span_search(compiled)
+    buffer = b"ok\nx NCCL WARN y\nTraceback\nno\nValueError: z\n"
+    for pos in range(len(buffer) + 2):
+        for end in (pos - 1, pos, pos + 5, len(buffer), len(buffer) + 3):
+            expected = compiled.search(buffer, pos, end)
+            assert find(buffer, pos, end) == (None if expected is None else expected.span()), (pos, end)
+    assert capfd.readouterr().err == ""

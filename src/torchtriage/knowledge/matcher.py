@@ -220,8 +220,9 @@ class Matcher:
         # At a position the lookahead reports only the longest anchor that starts there, so each anchor
         # also carries the rules of the anchors that are its prefixes.
         for anchor, rules in by_anchor.items():
-            for other, other_rules in by_anchor.items():
-                if other != anchor and anchor.startswith(other):
+            for length in range(1, len(anchor)):  # each of its prefixes looked up: linear in the anchors
+                other_rules = by_anchor.get(anchor[:length])
+                if other_rules is not None:
                     rules.update(other_rules)
         self._rules_by_anchor = by_anchor
         self._anchor_finder = longest_literal_regex(by_anchor) if by_anchor else None

@@ -79,6 +79,35 @@ def compile_prefilter(words: Iterable[str]):
     return re2.compile(pattern, options)
 
 
+def span_search(compiled):
+    """`find(buffer, pos, end)`: the (start, stop) of `compiled`'s first hit in buffer[pos:end], or None.
+
+    A hit of the prefilter costs its scan little but its call much: the `re2` package's `search` runs a
+    generator and builds a match object in Python, half the cost of a line that holds a rule's anchor and
+    matches nothing. The RE2 object's own call returns the span alone; any other engine goes through `search`."""
+    try:
+        import re2
+
+        regexp, unanchored, nothing = compiled._regexp, re2._Anchor.UNANCHORED, re2._NULL_SPAN
+        regexp.Match  # noqa: B018 - the call the fast path makes, checked once
+    except (ImportError, AttributeError):
+
+        def find(buffer: bytes, pos: int, end: int) -> tuple[int, int] | None:
+            found = compiled.search(buffer, pos, end)
+            return None if found is None else found.span()
+
+        return find
+
+    def find_in_re2(buffer: bytes, pos: int, end: int) -> tuple[int, int] | None:
+        end = min(end, len(buffer))
+        if pos >= end:  # RE2 itself logs an invalid range to stderr; an empty one holds no word
+            return None
+        span = regexp.Match(unanchored, buffer, max(pos, 0), end)[0]
+        return None if span == nothing else span
+
+    return find_in_re2
+
+
 def literal_trie_regex(words: Iterable[str]) -> re.Pattern[bytes]:
     """One regex that finds any of `words`; factored as a trie so each position costs few branches."""
     trie: dict = {}

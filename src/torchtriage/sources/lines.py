@@ -41,6 +41,9 @@ _RANK_PREFIXES = [
     re.compile(rf"\s{{0,5}}{_RANK_DIGITS}: "),
 ]
 
+# Any of them, in one call: most lines start with none, and one failed match rules out all five.
+_ANY_RANK_PREFIX = re.compile("|".join(f"(?:{p.pattern.replace('(?P<rank>', '(')})" for p in _RANK_PREFIXES))
+
 # What launchers and collectors put before those, naming a host or a process but no rank: pdsh/clush's
 # "10.0.0.5: " or "node-07: " (peeled only before a rank prefix: "RuntimeError: " is a message), Ray's
 # "(RayTrainWorker pid=1234, ip=10.0.0.5) " and "(pid=1234) ".
@@ -100,6 +103,47 @@ def _nccl_tagged(text: str) -> str:
     return f"{found.group('head')}NCCL {text[found.start('level') :]}" if found else text
 
 
+def _peel_rank(text: str, rank: int | None, rank_is_global: bool) -> tuple[str, int | None, bool, bool]:
+    """One rank prefix off the start of `text`: (text, rank, whether it is a global rank, whether one was peeled)."""
+    if not _ANY_RANK_PREFIX.match(text):
+        return text, rank, rank_is_global, False
+    for prefix in _RANK_PREFIXES:
+        match = prefix.match(text)
+        number = as_int(match.group("rank"), -1, 0, limits.active().rank) if match else -1
+        if number >= 0:
+            # "[default3]:[rank35]:" — torchrun's tee prefix carries the local rank, torch's own
+            # "[rank35]:" the global one: a prefix that says "rank" wins, otherwise the outermost.
+            says_rank = "rank" in match.group(0).lower()
+            if rank is None or (says_rank and not rank_is_global):
+                rank, rank_is_global = number, says_rank
+            return text[match.end() :], rank, rank_is_global, True
+    return text, rank, rank_is_global, False
+
+
+def _host_end(text: str) -> int:
+    """Where a host's prefix ends at the start of `text` (one before a rank prefix), or 0."""
+    host = next((m for m in (p.match(text) for p in _HOST_PREFIXES) if m), None)
+    if host is None:
+        named = _HOSTNAME.match(text)
+        # a host's name carries a digit, a dot or a dash ("node-07", "gpu12"); "RuntimeError" none
+        is_host = named is not None and any(c.isdigit() or c in ".-" for c in named.group(0)[:-2])
+        host = named if is_host and text[named.end() :].startswith(_RANK_STARTS) else None
+    return host.end() if host is not None else 0
+
+
+def line_rank(raw: str) -> int | None:
+    """The rank `normalise(raw)` finds, for a census: only the leading rank and host prefixes are read (a rank
+    behind a log header belongs to the message), so a line costs a fraction of its normalisation."""
+    text, rank, rank_is_global = strip_ansi(raw).rstrip(), None, False
+    for _ in range(_MAX_LAYERS):
+        text, rank, rank_is_global, peeled = _peel_rank(text, rank, rank_is_global)
+        if not peeled and rank is None and (host := _host_end(text)):
+            text = text[host:]
+        elif not peeled:
+            break
+    return rank
+
+
 def normalise(raw: str) -> Normalised:
     """Remove colour codes and peel rank prefixes and log headers off one line."""
     text = strip_ansi(raw).rstrip()
@@ -112,28 +156,11 @@ def normalise(raw: str) -> Normalised:
         peeled = False
         # Rank markers after a log header belong to the message ("[Rank 3] Watchdog caught ..."):
         # rules read them there.
-        for prefix in _RANK_PREFIXES if not after_header else ():
-            match = prefix.match(text)
-            number = as_int(match.group("rank"), -1, 0, limits.active().rank) if match else -1
-            if number >= 0:
-                # "[default3]:[rank35]:" — torchrun's tee prefix carries the local rank, torch's own
-                # "[rank35]:" the global one: a prefix that says "rank" wins, otherwise the outermost.
-                says_rank = "rank" in match.group(0).lower()
-                if rank is None or (says_rank and not rank_is_global):
-                    rank, rank_is_global = number, says_rank
-                text = text[match.end() :]
-                peeled = True
-                break
-        if not peeled and rank is None and not after_header:
-            host = next((m for m in (p.match(text) for p in _HOST_PREFIXES) if m), None)
-            if host is None:
-                named = _HOSTNAME.match(text)
-                # a host's name carries a digit, a dot or a dash ("node-07", "gpu12"); "RuntimeError" none
-                is_host = named is not None and any(c.isdigit() or c in ".-" for c in named.group(0)[:-2])
-                host = named if is_host and text[named.end() :].startswith(_RANK_STARTS) else None
-            if host is not None:
-                text = text[host.end() :]
-                continue
+        if not after_header:
+            text, rank, rank_is_global, peeled = _peel_rank(text, rank, rank_is_global)
+        if not peeled and rank is None and not after_header and (host := _host_end(text)):
+            text = text[host:]
+            continue
         if time is None:
             match = _GLOG.match(text) or _ISO.match(text)
             if match:

@@ -25,7 +25,7 @@ from torchtriage.sources import limits
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
-from torchtriage.sources.lines import normalise
+from torchtriage.sources.lines import line_rank, normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, Wrapping, rejoined, scan_lines
 from torchtriage.sources.registry import STDIN, Input, open_input
 
@@ -215,13 +215,17 @@ class _FileReader:
         self.first_event = len(records.events)
 
     def feed(self, line_no: int, raw: bytes) -> None:
-        line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
-        rank = line.rank if line.rank is not None else self.artifact.rank
+        decoded = raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace")
         if not self.open_tracebacks and self.report_mode is None and not self.matcher.could_match(raw):
-            # It holds an anchor but can match nothing, and no traceback or report is open: only the census reads it.
+            # It holds an anchor but can match nothing, and no traceback or report is open: only the census reads
+            # it, and only its rank prefixes (the rest of the peeling would cost a chatty log several times over).
+            rank = line_rank(decoded)
+            rank = rank if rank is not None else self.artifact.rank
             if rank is not None:
                 self.records.ranks_seen.add(rank)
             return
+        line = normalise(decoded)
+        rank = line.rank if line.rank is not None else self.artifact.rank
         text = line.text
         in_report = self._track_report(text, line_no)
         if in_report and self.report_entry is not None and rank is None:

@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
+from torchtriage.knowledge.prefilter import span_search
+
 BLOCK_BYTES = 8 << 20
 # A hit line is cut to this length before matching: messages that matter are short, and a
 # pathological line must not make every rule scan megabytes.
@@ -170,12 +172,13 @@ def _hits(buffer: bytes, end: int, prefilter, line_base: int, begin: int = 0) ->
     """The hit lines of buffer[begin:end] (`begin` a line's start, the number `line_base`)."""
     counted_to, line_no = begin, line_base
     pos = begin
+    find = span_search(prefilter)
     while True:
-        match = prefilter.search(buffer, pos, end)
-        if match is None:
+        span = find(buffer, pos, end)
+        if span is None:
             return
-        start = buffer.rfind(b"\n", 0, match.start()) + 1
-        stop = buffer.find(b"\n", match.end(), end)
+        start = buffer.rfind(b"\n", 0, span[0]) + 1
+        stop = buffer.find(b"\n", span[1], end)
         if stop == -1:
             stop = end
         start, stop, message = _whole_message(buffer, start, stop, end, floor=pos)
