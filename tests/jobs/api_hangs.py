@@ -48,7 +48,15 @@ LR = 0.05
 # BACKEND=nccl runs the cases marked for it on GPUs (tests/gpu/record_api_hangs_nccl.sh); with more ranks than
 # GPUs the ranks share them, each another host to NCCL (NCCL_HOSTID), as tests/jobs/cross_group.py does.
 BACKEND = os.environ.get("BACKEND", "gloo")
-NCCL_CASES = ("ddp_skip_backward", "fsdp2_skip_block", "dtensor_mesh_skip", "all_gather_object_skip", "store_get")
+NCCL_CASES = (
+    "ddp_skip_backward",
+    "fsdp2_skip_block",
+    "dtensor_mesh_skip",
+    "all_gather_object_skip",
+    "store_get",
+    "gpu_wedged",
+)
+NCCL_ONLY = ("gpu_wedged",)  # a GPU's stream is the point of these
 
 
 def device() -> torch.device:
@@ -119,6 +127,27 @@ def ddp_skip_backward(rank: int, world: int, culprit: int) -> None:
             continue  # [ddp_skip_backward] departure
         loss.backward()
         opt.step()
+        opt.zero_grad()
+    end_of_training()
+
+
+def gpu_wedged(rank: int, world: int, culprit: int) -> None:
+    """DDP on NCCL, and the culprit's GPU stops making progress in the faulty step: a kernel that never ends
+    (a device spin, as a hung kernel or a wedged GPU leaves it) runs on its stream before the backward, so its
+    gradient all-reduce is enqueued behind it and never starts. Every rank's Python then waits alike, in the
+    loss read back: only the flight recorder tells the culprit's op from its peers' (never started against
+    started). NCCL only. Culprit: CULPRIT (default 1)."""
+    model = DDP(mlp())
+    opt = sgd(model)
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
+        if step == WARMUP_STEPS:
+            ready(rank)
+        loss = F.mse_loss(model(x), y)
+        if step == WARMUP_STEPS and rank == culprit:
+            torch.cuda._sleep(1 << 62)  # [gpu_wedged] departure
+        loss.backward()
+        opt.step()
+        read_back(loss)  # [gpu_wedged] culprit waits
         opt.zero_grad()
     end_of_training()
 
@@ -555,6 +584,7 @@ def new_group_skip(rank: int, world: int, culprit: int) -> None:
 CASES = {
     "ddp_skip_backward": (ddp_skip_backward, 2, None),
     "ddp_uneven_inputs": (ddp_uneven_inputs, 2, None),
+    "gpu_wedged": (gpu_wedged, 2, None),
     "rank0_barrier": (rank0_barrier, 2, [0]),
     "fsdp2_skip_block": (fsdp2_skip_block, 2, None),
     "pipeline_skip_send": (pipeline_skip_send, 2, [1]),
@@ -578,6 +608,8 @@ def main() -> None:
     culprit = env_int("CULPRIT", 1)
     exit_when_orphaned()
     timeout = timedelta(seconds=env_int("HANG_TIMEOUT_S", 600))
+    if BACKEND != "nccl" and case in NCCL_ONLY:
+        raise SystemExit(f"CASE={case} runs on NCCL only (BACKEND=nccl)")
     if BACKEND == "nccl":
         if case not in NCCL_CASES:
             raise SystemExit(f"CASE={case} runs on gloo only (BACKEND=nccl: {', '.join(NCCL_CASES)})")
