@@ -218,7 +218,8 @@ def measure(args, loop: Loop, modes: list[str]) -> dict[str, list[float]]:
     """Per mode, the ratios (mode / its baseline, the plain loop unless BASELINE says) of `--pairs` interleaved
     pairs of blocks."""
     rng = random.Random(0)
-    for mode in ["plain", "clip", *modes]:  # warm-up: each mode's first block allocates and compiles
+    baselines = sorted({BASELINE.get(mode, "plain") for mode in modes} | {"plain"})
+    for mode in [*baselines, *modes]:  # warm-up: each mode's first block allocates and compiles
         loop.block(mode, args.steps)
     ratios: dict[str, list[float]] = {mode: [] for mode in modes}
     plain_times: list[float] = []
@@ -235,8 +236,8 @@ def measure(args, loop: Loop, modes: list[str]) -> dict[str, list[float]]:
             else:
                 helped, base = loop.block(mode, args.steps), loop.block(baseline, args.steps)
             ratios[mode].append(helped / base)
-            if baseline == "plain":
-                plain_times.append(base)
+            if baseline == "plain" or not any(BASELINE.get(m, "plain") == "plain" for m in modes):
+                plain_times.append(base)  # the step time a ratio turns into microseconds
     ratios["_plain_seconds"] = plain_times
     return ratios
 
