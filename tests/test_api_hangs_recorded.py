@@ -31,10 +31,15 @@ CULPRIT = {
     "dataloader_fork_lock": 1,
     "new_group_skip": 1,
     "zero_consolidate": 1,
+    "gpu_wedged": 1,
+    "gpu_wedged_timing": 1,  # the same job run with TORCH_NCCL_ENABLE_TIMING=1
 }
 # Two ranks, one of which made a call it never made before (a checkpoint's, a consolidation's first collective)
 # while the other went on: one made an extra call, or the other skipped a new phase. No artifact tells which.
 TWO_STORIES = ("dcp_save_skip", "zero_consolidate")
+# Every rank's host waits for its GPU alike; only the flight recorder's `started` (TORCH_NCCL_ENABLE_TIMING=1,
+# the `_timing` recording) tells the rank whose device never began the all-reduce. Without it: candidates.
+DEVICE_ONLY = ("gpu_wedged",)
 
 
 def recordings() -> list[tuple[str, str, str]]:
@@ -65,7 +70,9 @@ def test_the_rank_named_departed_or_the_candidates_hold_it(backend, case, mode):
         assert culprit in verdict.facts.get("candidates", []), verdict.summary
 
 
-@pytest.mark.parametrize(("backend", "case"), sorted({(b, c) for b, c, m in recordings() if m == "armed"}))
+@pytest.mark.parametrize(
+    ("backend", "case"), sorted({(b, c) for b, c, m in recordings() if m == "armed" and c not in DEVICE_ONLY})
+)
 def test_armed_names_the_culprit(backend, case):
     if case in TWO_STORIES:
         pytest.skip("two ranks, two stories: no artifact decides")
@@ -82,3 +89,24 @@ def test_fsdp2_on_nccl_names_the_forward_the_culprit_left():
     frame = verdict.facts["user_frame"]
     assert (Path(frame["file"]).name, frame["function"]) == ("api_hangs.py", "forward")
     assert "from a thread with no Python frames" in verdict.summary
+
+
+def test_a_gpu_that_never_began_the_all_reduce_is_named_from_the_recorder_states():
+    """DDP on NCCL, rank 1's stream stuck in a kernel before the backward: both ranks' Python waits in the loss
+    read back; with TORCH_NCCL_ENABLE_TIMING=1 rank 0's all-reduce is `started`, rank 1's `scheduled`."""
+    verdict = verdict_of("nccl", "gpu_wedged_timing", "armed")
+    assert verdict.culprit_ranks == [1] and verdict.confidence == "medium"
+    assert verdict.findings[0].kind == "fr.not_started"
+    # Its line is where it waits (the read back), never an earlier collective's call site.
+    frame = verdict.facts["user_frame"]
+    assert (Path(frame["file"]).name, frame["function"], frame["rank"]) == ("api_hangs.py", "read_back", 1)
+    action = verdict.actions[0]
+    assert action.rule == "fr.not_started" and action.title.startswith("Look at rank 1's GPU")
+
+
+@pytest.mark.parametrize("mode", ["bare", "armed"])
+def test_a_wedged_gpu_without_timing_leaves_candidates_and_says_what_would_tell(mode):
+    verdict = verdict_of("nccl", "gpu_wedged", mode)
+    assert verdict.culprit_ranks == [] and verdict.confidence == "low"
+    assert verdict.facts["candidates"] == [0, 1]
+    assert any(action.env.get("TORCH_NCCL_ENABLE_TIMING") == "1" for action in verdict.actions)

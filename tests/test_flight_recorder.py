@@ -305,6 +305,76 @@ def test_state_mismatch(tmp_path):
     assert verdict.culprit_ranks == [1] and verdict.confidence == "medium"
 
 
+def _timed(seq, state, **kw):
+    """An entry as NCCL records it with TORCH_NCCL_ENABLE_TIMING=1 (a start event: `started` can be seen)."""
+    started = 2000 + seq if state != "scheduled" else None
+    return entry(seq, state=state, time_discovered_started_ns=started, **kw)
+
+
+def test_a_device_that_never_began_the_op_its_peers_began_is_named(tmp_path):
+    # Every rank enqueued seq 3 and none completed it; ranks 0, 2, 3 began it, rank 1's GPU never did.
+    for rank in range(4):
+        write(
+            tmp_path,
+            rank,
+            [_timed(1, "completed"), _timed(2, "completed"), _timed(3, "scheduled" if rank == 1 else "started")],
+            world=4,
+        )
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [1] and verdict.confidence == "medium"
+    assert verdict.findings[0].kind == "fr.not_started"
+    assert "the GPU of rank 1 never began the all_reduce" in verdict.summary
+
+
+def test_dumps_that_agree_while_every_rank_waits_name_every_rank_a_candidate(tmp_path):
+    # Every rank issued seq 1-3 alike and waits in seq 3: the op order cannot tell who is behind.
+    for rank in range(3):
+        write(tmp_path, rank, [entry(1), entry(2), entry(3, state="scheduled")], world=3)
+    verdict = verdict_of(tmp_path)
+    assert (verdict.category, verdict.confidence, verdict.culprit_ranks) == ("hang", "low", [])
+    assert verdict.facts["candidates"] == [0, 1, 2]
+    # NCCL without timing: the action says what would tell (a device that never began the op).
+    assert any(a.env.get("TORCH_NCCL_ENABLE_TIMING") == "1" for a in verdict.actions)
+    # With timing, every device began it: the action is not offered again.
+    for rank in range(3):
+        write(tmp_path, rank, [_timed(1, "completed"), _timed(2, "completed"), _timed(3, "started")], world=3)
+    verdict = verdict_of(tmp_path)
+    assert verdict.facts["candidates"] == [0, 1, 2]
+    assert not any(a.env.get("TORCH_NCCL_ENABLE_TIMING") for a in verdict.actions)
+
+
+@pytest.mark.parametrize(
+    "states, why",
+    [
+        ({0: "scheduled", 1: "scheduled"}, "no device began it: the states tell nothing (no timing, or all behind)"),
+        ({0: "started", 1: "started"}, "every device began it: they wait in it for each other"),
+    ],
+)
+def test_op_states_that_do_not_tell_a_device_behind_name_nobody(tmp_path, states, why):
+    for rank, state in states.items():
+        write(tmp_path, rank, [_timed(1, "completed"), _timed(2, state)])
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [], why
+    assert not any(f.kind == "fr.not_started" for f in verdict.findings), why
+
+
+def test_a_device_inside_another_groups_op_is_not_named_behind(tmp_path):
+    # Rank 1 never began seq 2 of the world group, but its device is inside an op of its subgroup (started):
+    # it waits for that op's peers, not for a kernel of its own.
+    sub = {"1": {"name": "1", "desc": "tp", "ranks": "[1, 2]"}}
+    inside = _timed(1, "started", pg="1", desc="tp", record=5)
+    write(tmp_path, 0, [_timed(1, "completed"), _timed(2, "started")], world=3, extra_pgs=sub)
+    write(tmp_path, 1, [_timed(1, "completed"), _timed(2, "scheduled"), inside], world=3, extra_pgs=sub)
+    write(tmp_path, 2, [_timed(1, "completed"), _timed(2, "started")], world=3, extra_pgs=sub)
+    verdict = verdict_of(tmp_path)
+    assert not any(f.kind == "fr.not_started" for f in verdict.findings)
+    # The same from the counters alone, where the ring buffer dropped the started entry.
+    status = {"1": {"last_enqueued_collective": 4, "last_started_collective": 4, "last_completed_collective": 3}}
+    write(tmp_path, 1, [_timed(1, "completed"), _timed(2, "scheduled")], world=3, extra_pgs=sub, status=status)
+    verdict = verdict_of(tmp_path)
+    assert not any(f.kind == "fr.not_started" for f in verdict.findings)
+
+
 def test_p2p_send_without_matching_recv(tmp_path):
     def p2p(kind, peers, seq):
         return entry(0, op=f"{kind} {peers}", is_p2p=True, p2p_seq_id=seq, collective_seq_id=0, record=seq - 1)

@@ -359,3 +359,33 @@ def test_gloo_lists_no_group_it_only_sent_or_received_on():
         dump = fr_dump(program, run, "gloo", buffer=100)
         assert pg_fields(dump)["pg_status"] == {"0": (2, 2)}, rank
         assert [e["p2p_seq_id"] for e in dump["entries"]] == [0, 0], rank
+
+
+@pytest.mark.parametrize("timing", [False, True])
+def test_a_wedged_device_is_recorded_as_one_h200_recorded_it(timing: bool):
+    """tests/jobs/api_hangs.py's gpu_wedged on one H200 (two ranks, DDP): rank 1's stream stuck in a kernel
+    before its all-reduce. Without TORCH_NCCL_ENABLE_TIMING both ranks' last entry read `scheduled` and pg_status
+    counted no start; with it, rank 0's read `started`, rank 1's `scheduled`, and last_started_collective was
+    the started op's seq on rank 0 and the last completed one on rank 1."""
+    real_folder = FIXTURES / "api_hangs" / "nccl" / ("gpu_wedged_timing" if timing else "gpu_wedged") / "armed"
+    program = Program(Mesh((("dp", 2),)), [], steps=0)
+    world, where = program.mesh.groups[0], site("step")
+
+    def actions(rank: int) -> list[Action]:
+        ops = [Action("all_reduce", world, where, step) for step in range(3)]
+        wedge = [Action("wedge", None, where, 3, key="0")] if rank == 1 else []
+        return ops + wedge + [Action("all_reduce", world, where, 3), Action(SYNC, world, where, 3)]
+
+    outcome = Engine("nccl", {rank: actions(rank) for rank in (0, 1)}).run()
+    for rank, real in dumps(real_folder).items():
+        simulated = fr_dump(program, outcome.ranks[rank], "nccl", buffer=100, timing=timing)
+        for dump in (real, simulated):
+            last, status = dump["entries"][-1], next(iter(dump["pg_status"].values()))
+            enqueued, started = status["last_enqueued_collective"], status["last_started_collective"]
+            completed = status["last_completed_collective"]
+            if not timing:
+                assert (last["state"], started, completed) == ("scheduled", -1, enqueued - 1), (rank, dump is real)
+            elif rank == 0:
+                assert (last["state"], started, completed) == ("started", enqueued, enqueued - 1), dump is real
+            else:
+                assert (last["state"], started, completed) == ("scheduled", enqueued - 1, enqueued - 1), dump is real

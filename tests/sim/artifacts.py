@@ -39,11 +39,14 @@ class Layout:
     native: bool = False  # py-spy --native
     buffer: int = 2000  # the flight recorder's ring buffer (entries)
     item_sync: bool = False  # the step reads its loss (.item()) rather than calling torch.cuda.synchronize()
+    # NCCL with TORCH_NCCL_ENABLE_TIMING=1: each op's start event is recorded, so the recorder tells the op a
+    # rank's device began (`started`) from the ops queued behind it (`scheduled`).
+    timing: bool = False
 
     @property
     def name(self) -> str:
         parts = [self.stacks or "no-stacks", "dumps" if self.dumps else "", "logs" if self.logs else ""]
-        return "+".join(p for p in parts if p) + ("+native" if self.native else "")
+        return "+".join(p for p in parts if p) + ("+timing" if self.timing else "") + ("+native" if self.native else "")
 
 
 LAYOUTS = {
@@ -59,7 +62,9 @@ def draw_layout(rng: random.Random, backend: str, name: str) -> Layout:
     native = base.stacks == "pyspy" and rng.random() < 0.5
     buffer = rng.choice((2000, 2000, 2000, rng.randint(6, 24)))
     logs = base.logs and backend == "nccl"
-    return Layout(base.stacks, base.dumps, logs, native, buffer, backend == "nccl" and rng.random() < 0.4)
+    item_sync = backend == "nccl" and rng.random() < 0.4
+    timing = backend == "nccl" and base.dumps and rng.random() < 0.3  # drawn last: earlier seeds keep their cases
+    return Layout(base.stacks, base.dumps, logs, native, buffer, item_sync, timing)
 
 
 def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout: Layout, rng: random.Random) -> None:
@@ -69,7 +74,7 @@ def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout
         where = folder / ("hang/fr" if layout.stacks == "watchdog" else "fr")
         where.mkdir(parents=True, exist_ok=True)
         for rank in alive:
-            dump = fr_dump(program, outcome.ranks[rank], backend, layout.buffer)
+            dump = fr_dump(program, outcome.ranks[rank], backend, layout.buffer, layout.timing)
             (where / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump, protocol=4))
     if layout.stacks == "pyspy":
         places: set[tuple] = set()
@@ -103,7 +108,7 @@ _GONE = ("dead", "exited")
 # ------------------------------------------------------------------------------------------ flight recorder
 
 
-def _state(record: Record, run: RankRun, backend: str) -> str:
+def _state(record: Record, run: RankRun, backend: str, timing: bool = False) -> str:
     if backend != "nccl":
         return "scheduled"
     if not record.launched:
@@ -112,7 +117,16 @@ def _state(record: Record, run: RankRun, backend: str) -> str:
     # A batch's own ops stay `scheduled` (only its coalesced work is watched), as real dumps show.
     if record.done and not frozen and not record.batched:
         return "completed"
+    if timing and not frozen and not record.batched and _device_began(record, run):
+        return "started"
     return "scheduled"
+
+
+def _device_began(record: Record, run: RankRun) -> bool:
+    """The device runs a rank's ops in order: it began the first one not done, unless it stopped before."""
+    head = next((unit for unit in run.queue if not unit.done), None)
+    stopped = run.device_stopped_at is not None and record.record_id >= run.device_stopped_at
+    return head is not None and any(r is record for r in head.records) and not stopped
 
 
 def _frames(record: Record) -> list[dict]:
@@ -133,11 +147,11 @@ def _profiling_name(record: Record, backend: str) -> str:
     return f"{backend}:{record.name}"
 
 
-def fr_dump(program: Program, run: RankRun, backend: str, buffer: int) -> dict:
+def fr_dump(program: Program, run: RankRun, backend: str, buffer: int, timing: bool = False) -> dict:
     mesh = program.mesh
     entries = []
     for record in run.records[-buffer:]:
-        state = _state(record, run, backend)
+        state = _state(record, run, backend, timing)
         created = 1_796_000_000_000_000_000 + record.record_id * 1_000_000 + run.rank * 977
         entries.append(
             {
@@ -156,7 +170,7 @@ def fr_dump(program: Program, run: RankRun, backend: str, buffer: int) -> dict:
                 "output_sizes": record.output_sizes,
                 "output_dtypes": record.dtypes,
                 "state": state,
-                "time_discovered_started_ns": None,
+                "time_discovered_started_ns": created + 200_000 if timing and state != "scheduled" else None,
                 "time_discovered_completed_ns": created + 500_000 if state == "completed" else None,
                 "retired": record.done,
                 "timeout_ms": 600000,
@@ -168,7 +182,7 @@ def fr_dump(program: Program, run: RankRun, backend: str, buffer: int) -> dict:
         "version": VERSION,
         "pg_config": _pg_config(program, run, backend),
         "comm_lib_version": "2.28.9" if backend == "nccl" else "",
-        "pg_status": _pg_status(program, run, backend),
+        "pg_status": _pg_status(program, run, backend, timing),
         "entries": entries,
     }
 
@@ -188,17 +202,19 @@ def _recorded_groups(program: Program, run: RankRun) -> list:
     return [g for g in program.mesh.groups_of(run.rank) if g.name in names]
 
 
-def _pg_status(program: Program, run: RankRun, backend: str) -> dict:
-    """Per group, the last op enqueued and the last completed, as each backend counts them (-1: none yet)."""
+def _pg_status(program: Program, run: RankRun, backend: str, timing: bool = False) -> dict:
+    """Per group, the last op enqueued, started (only with timing: NCCL sees a start only through its start
+    event) and completed, as each backend counts them (-1: none yet)."""
     status = {}
     for group in _recorded_groups(program, run):
         mine = [r for r in run.records if r.group.name == group.name]
         count = _nccl_status if backend == "nccl" else _gloo_status
         enqueued, completed = count(mine, run)
+        began = [r for r in mine if not r.batched and r.launched and _state(r, run, backend, timing) != "scheduled"]
         status[str(program.mesh.pg_id(run.rank, group))] = {
             "last_enqueued_collective": enqueued,
             "last_completed_collective": completed,
-            "last_started_collective": -1,
+            "last_started_collective": _work_seq(began[-1]) if timing and began else -1,
         }
     return status
 

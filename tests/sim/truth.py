@@ -109,7 +109,7 @@ def _visible_by(program, departure, outcome: Outcome, healthy: Outcome, backend:
         expected = [_token(r, backend) for r in usual.records[: len(mine)]]
         if mine != expected or _extra_hidden(run, usual):
             return "record"
-        if departure.kind == "wedge" and int(departure.detail or 0) > 0:
+        if departure.kind == "wedge" and (int(departure.detail or 0) > 0 or _began_by_peers(outcome, run, layout)):
             return "states"
     wait = run.wait
     if layout.stacks is not None and wait is not None and wait.kind == "stuck":
@@ -117,6 +117,22 @@ def _visible_by(program, departure, outcome: Outcome, healthy: Outcome, backend:
     if layout.dumps and wait is not None and wait.kind == "stuck" and all(r.done for r in run.records):
         return "sink"  # every op it issued completed, while its peers wait in one it never issued
     return ""
+
+
+def _began_by_peers(outcome: Outcome, run: RankRun, layout: Layout) -> bool:
+    """With the recorder timing ops (TORCH_NCCL_ENABLE_TIMING=1): the culprit's device never began the collective
+    at the head of its queue, and a peer's device began the same one (its own head)."""
+    if not layout.timing or run.device_stopped_at is None:
+        return False
+    head = next((unit for unit in run.queue if not unit.done), None)
+    if head is None or head.kind != "collective" or head.records[0].record_id < run.device_stopped_at:
+        return False
+    for member in head.key[1]:
+        peer = outcome.ranks[member]
+        peer_head = next((unit for unit in peer.queue if not unit.done), None) if member != run.rank else None
+        if peer_head is not None and peer_head.key == head.key:
+            return True
+    return False
 
 
 def _extra_hidden(run: RankRun, usual: RankRun) -> bool:

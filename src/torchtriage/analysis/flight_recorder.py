@@ -8,7 +8,8 @@ Pure: takes the loaded dumps, returns a `Verdict`. The reasoning, per process gr
 3. ranks with identical op sequences form one class (a few classes even at thousands of ranks), and the
    classes are walked seq by seq to the first disagreement: ranks that never enqueued the op (`not_joined`),
    another op (`op_mismatch`), other sizes (`size_mismatch`), other dtypes (`dtype_mismatch`); failing
-   that, all_to_all totals, then ops completed on some ranks but not others (`state_mismatch`);
+   that, all_to_all totals, then ops completed on some ranks but not others (`state_mismatch`), or pending on
+   every rank but begun by some ranks' devices only (`not_started`, with TORCH_NCCL_ENABLE_TIMING=1);
 4. the culprit is the minority; an even split (two ranks) is decided by the call-site history: the side
    whose user call site departs from the ones it used for earlier seqs of the group; a side that stopped
    issuing ops loses against one waiting at its usual call site. Rank numbers never decide;
@@ -37,7 +38,7 @@ from torchtriage.sources.flight_recorder import LoadResult, RankDump, Signature,
 _UNKNOWN = None  # before the rank's buffer start, or enqueued (pg_status) but not in the buffer
 _DEFAULT_PG_DESCS = ("default_pg",)
 _MAX_EVIDENCE = 4
-_MISMATCH_KINDS = ("not_joined", "op_mismatch", "size_mismatch", "dtype_mismatch", "state_mismatch")
+_MISMATCH_KINDS = ("not_joined", "op_mismatch", "size_mismatch", "dtype_mismatch", "state_mismatch", "not_started")
 # A disagreement's kind is its finding's kind under this prefix: the rules in knowledge/rules/fr.toml.
 _KIND_PREFIX = "fr."
 
@@ -164,7 +165,7 @@ def collective_disagreement(
     a2a = _all_to_all_totals(group, views, common, signatures)
     if a2a is not None:
         return a2a
-    return _state_disagreement(group, views, common)
+    return _state_disagreement(group, views, common, dumps)
 
 
 def _impossible_everywhere(group: Group, reps: list, signatures: dict[str, Signature]) -> Disagreement | None:
@@ -259,8 +260,11 @@ def _odd_one_out(numels: dict[int, tuple[int, int]], excess: int) -> tuple[int, 
     return rank, own, usual
 
 
-def _state_disagreement(group: Group, views: list[_RankView], common: int) -> Disagreement | None:
-    """Ops completed on some ranks and still pending on others (only where the backend records states)."""
+def _state_disagreement(
+    group: Group, views: list[_RankView], common: int, dumps: dict[int, RankDump]
+) -> Disagreement | None:
+    """Ops completed on some ranks and still pending on others (only where the backend records states); where
+    none completed it, ops begun on some ranks' devices and not on others' (`_not_started`)."""
     first_pending: dict[int, int] = {}
     has_states = False
     for view in views:
@@ -287,7 +291,7 @@ def _state_disagreement(group: Group, views: list[_RankView], common: int) -> Di
         if v.track is not None and first_pending.get(v.rank, seq + 1) > seq and seq in v.track.seqs[v.start :]
     )
     if not done:
-        return None
+        return _not_started(group, views, seq, dumps) if len(waiting) == len(group.members) else None
     if len(done) == len(waiting):
         culprits: list[int] = []
         decided = "undecided"
@@ -304,6 +308,48 @@ def _state_disagreement(group: Group, views: list[_RankView], common: int) -> Di
         decided,
         "state_mismatch",
     )
+
+
+def _not_started(group: Group, views: list[_RankView], seq: int, dumps: dict[int, RankDump]) -> Disagreement | None:
+    """Every member waits in the op at `seq`; on some the device began it (`started`), on others not
+    (`scheduled`). NCCL records `started` only with TORCH_NCCL_ENABLE_TIMING=1: a start event recorded on the
+    communicator's stream, which runs the op only after the work queued before it on the rank's own stream.
+    Peers that began it wait inside it for the ranks whose device never reached it: work before it never ended
+    there (a kernel that never returns, a wedged GPU). Said only of a rank whose device began no op it has not
+    completed, in any group: a device inside another collective waits for that one's peers instead."""
+    started, behind, op = [], [], "collective"
+    for view in views:
+        track = view.track
+        at = bisect.bisect_left(track.seqs, seq) if track is not None else 0
+        if track is None or at >= len(track.seqs) or track.seqs[at] != seq:
+            return None
+        state = track.states[at]
+        signature = dumps[view.rank].signatures.get(track.keys[at])
+        op = signature.op if signature is not None else op
+        if state == "started":
+            started.append(view.rank)
+        elif state == "scheduled" and not _inside_an_op(dumps[view.rank]):
+            behind.append(view.rank)
+        else:
+            return None
+    if not started or not behind:
+        return None
+    note = (
+        f"the GPU of {format_ranks(behind)} never began the {op} that {format_ranks(started)} began and "
+        f"{'waits' if len(started) == 1 else 'wait'} in"
+    )
+    sides = {"started": started, "not started": behind}
+    return Disagreement(group, seq, False, sides, "started", behind, "its device", "not_started", note)
+
+
+def _inside_an_op(dump: RankDump) -> bool:
+    """The rank's device began an op it has not completed: an entry `started`, or a group whose counters say
+    so (`pg_status` keeps counting past the entries a ring buffer dropped)."""
+    if any("started" in track.states for track in dump.tracks.values()):
+        return True
+    if any(op.state == "started" for ops in dump.p2p.values() for op in ops):
+        return True
+    return any(started > completed for _, started, completed in dump.pg_status.values())
 
 
 def _departure(dump: RankDump, group: Group, seq: int, signatures: dict[str, Signature]) -> int | None:
@@ -605,6 +651,8 @@ def _message(d: Disagreement, signatures: dict[str, Signature]) -> str:
             "sizes": "its sizes are impossible for the group size",
             "the group's step order": "the group's ops repeat every step, and at this point of the step it issued "
             "an op its step issues elsewhere",
+            "its device": "it enqueued the op like its peers, but work queued before it on its GPU never ended: a "
+            "kernel that does not return, or a GPU that stopped",
         }.get(d.decided_by, d.decided_by)
         return f"{head} — {format_ranks(d.culprits)} departed ({how})"
     if d.decided_by == "undecided" and len(d.sides) > 1 and not d.note:
@@ -649,6 +697,8 @@ def _culprit_site(d: Disagreement, dumps: dict[int, RankDump]) -> tuple[int, Fra
         i = _entry_at(dump, d.group, d.seq)
         if i is not None and dump.tracks[d.group.name].sites[i]:
             return rank, dump.tracks[d.group.name].sites[i]  # type: ignore[return-value]
+        if d.kind == "not_started":
+            continue  # its host went on to this op: an earlier call is not where it is
         last = _last_op(dump)
         if last:
             track = dump.tracks[last[0]]
@@ -700,7 +750,8 @@ def _causes_and_collateral(
     primary: list[Disagreement] = []
     collateral: list[Disagreement] = []
     for d in disagreements:
-        held = [r for r in d.culprits if waits_in.get(r, d.group.name) != d.group.name]
+        # A device that never began an op and is inside none (not_started) is held by no other group's op.
+        held = [r for r in d.culprits if waits_in.get(r, d.group.name) != d.group.name and d.kind != "not_started"]
         (collateral if d.culprits and len(held) == len(d.culprits) else primary).append(d)
     primary.sort(key=lambda d: (not d.culprits, d.kind == "state_mismatch", d.group.name != "0", d.seq))
     return primary, collateral
@@ -745,6 +796,23 @@ def _missing_dump(missing: list[int]) -> Finding:
         "hang",
         blames=True,
     )
+
+
+def _waiting_alike(dumps: dict[int, RankDump]) -> Finding:
+    """Every dump agrees, and ranks still wait in their last op: the op order cannot tell who is behind. What
+    can: each device's progress (`started`, NCCL with TORCH_NCCL_ENABLE_TIMING=1, where it said nothing here),
+    or the stacks."""
+    waiting = sorted(
+        r for r, d in dumps.items() if (last := _last_op(d)) and d.tracks[last[0]].states[-1] != "completed"
+    )
+    timed = any("started" in t.states for d in dumps.values() for t in d.tracks.values())
+    nccl = any(d.backend == "nccl" for d in dumps.values())
+    message = (
+        f"Every dump agrees and {format_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in the last op "
+        "they issued: the op order cannot tell which rank is behind; every rank is a candidate"
+    )
+    facts = {"undecided": True, "candidates": waiting, "untimed": nccl and not timed}
+    return Finding("fr.waiting_alike", waiting, message, "symptom", "hang", facts=facts)
 
 
 def _load_facts(load: LoadResult, groups: dict, missing: list[int], timed_out: list) -> dict:
@@ -824,6 +892,9 @@ def assess_dumps(load: LoadResult) -> Assessment:
     if not culprits and not graph_leads and all_missing and compared and _present_ranks_wait(groups, dumps):
         findings.append(_missing_dump(all_missing))
         culprits, confidence = all_missing, "low"
+    alike = _waiting_alike(dumps) if not findings and compared and _present_ranks_wait(groups, dumps) else None
+    if alike is not None:
+        findings.append(alike)
 
     timed_out = sorted({(d.rank, pg, seq) for d in load.dumps for pg, seq in d.timed_out})
     category = "nccl_timeout" if timed_out else "hang"
@@ -863,7 +934,10 @@ def assess_dumps(load: LoadResult) -> Assessment:
         findings[0].blames, findings[0].role = False, "symptom"
         findings[0].facts |= {"undecided": True, "candidates": unrecorded_candidates}
         blaming = None
-    if graph_leads:
+    if alike is not None:
+        facts["candidates"] = alike.ranks
+        summary = alike.message
+    elif graph_leads:
         summary = findings[0].message
     elif unrecorded_candidates:
         summary = (

@@ -562,6 +562,8 @@ def _stack_groups(
             "behind (the flight recorder's sequence numbers can): every rank is a candidate"
         )
         facts |= {"undecided": True, "all_alike": True}
+        if groups[0].position.state == GPU_WAIT:
+            facts["gpu_wait"] = True  # only the devices' progress can tell: the flight recorder's op states
     else:
         message = f"{len(groups)} stack groups: {_groups_text(groups)}"
     return Finding("stacks.stack_groups", sorted(found), message, "symptom", "hang", _group_evidence(groups), facts)
