@@ -263,3 +263,25 @@ def test_registrations_from_a_store_are_read_field_by_field(tmp_path):
     path.write_text(json.dumps({"schema": REGISTRATIONS_SCHEMA, "hosts": ["node-a"]}))
     assert read_registrations(str(path), problems) == {}
     assert problems == [f"{path}: not a record of the debug servers' registrations ({REGISTRATIONS_SCHEMA})."]
+
+
+def test_a_post_mortem_reads_each_identity_record_once_and_a_rewritten_one_again(tmp_path, monkeypatch):
+    from torchtriage.analysis.pipeline import triage_paths
+    from torchtriage.sources import identity
+
+    (tmp_path / "identity").mkdir()
+    for rank in range(3):
+        record = {"schema": IDENTITY_SCHEMA, "rank": rank, "world_size": 3, "host": f"n{rank}", "pid": 100 + rank}
+        (tmp_path / "identity" / f"rank{rank}.json").write_text(json.dumps(record))
+    (tmp_path / "rank1.log").write_text("[rank1]: torch.OutOfMemoryError: CUDA out of memory.\n")
+    reads: list[str] = []
+    real = identity.read_identity
+    monkeypatch.setattr(identity, "read_identity", lambda path: reads.append(path) or real(path))
+    verdict = triage_paths([str(tmp_path)])
+    assert sorted(Path(p).name for p in reads) == ["rank0.json", "rank1.json", "rank2.json"]
+    assert [(m.rank, m.host) for m in verdict.culprit_machines] == [(1, "n1")]
+    # The record rewritten (a restarted attempt on another host) is read again, not taken from memory.
+    moved = {"schema": IDENTITY_SCHEMA, "rank": 1, "world_size": 3, "host": "n7-restarted", "pid": 9}
+    (tmp_path / "identity" / "rank1.json").write_text(json.dumps(moved))
+    verdict = triage_paths([str(tmp_path)])
+    assert [(m.rank, m.host) for m in verdict.culprit_machines] == [(1, "n7-restarted")]

@@ -9,7 +9,9 @@ unknown, never trusted.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from functools import lru_cache
 
 from torchtriage.model import Machine
 from torchtriage.protocol import IDENTITY_SCHEMA
@@ -71,12 +73,28 @@ def read_identity(path: str) -> RankIdentity | str:
     return RankIdentity(machine, world, as_text(record.get("started_at"), limit=40), path)
 
 
+def read_identity_once(path: str) -> RankIdentity | str:
+    """`read_identity`, read once per analysis: the log triage (which ranks the job had) and the verdict's
+    machines both need the records, and at 16,000 ranks a second read is 16,000 more files. The file's
+    identity, modification time and size are part of the key, so a record rewritten since is read again."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return read_identity(path)  # says why it cannot be read
+    return _read_keyed(path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size, limits.active().rank)
+
+
+@lru_cache(maxsize=1 << 15)
+def _read_keyed(path: str, dev: int, ino: int, mtime_ns: int, size: int, top_rank: int) -> RankIdentity | str:
+    return read_identity(path)
+
+
 def read_identities(paths: list[str], problems: list[str]) -> dict[int, Machine]:
     """Rank -> where it ran, from the records at `paths`. Two records of one rank (folders of two attempts read
     together) keep the later attempt's; what cannot be read is added to `problems`."""
     found: dict[int, RankIdentity] = {}
     for path in paths:
-        record = read_identity(path)
+        record = read_identity_once(path)
         if isinstance(record, str):
             problems.append(record)
             continue
@@ -92,8 +110,8 @@ def _later(one: RankIdentity, other: RankIdentity) -> bool:
 
 def ranks_of_the_job(paths: list[str]) -> set[int]:
     """The ranks a job had, from its identity records: every rank of the world size they agree on, and the ranks
-    that wrote one. Records that cannot be read are read again (and reported) where machines are attached."""
-    records = [r for r in map(read_identity, paths) if not isinstance(r, str)]
+    that wrote one. Records that cannot be read are reported where machines are attached."""
+    records = [r for r in map(read_identity_once, paths) if not isinstance(r, str)]
     worlds = {r.world_size for r in records}
     ranks = {r.machine.rank for r in records}
     if len(worlds) == 1 and None not in worlds:
