@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torchtriage.knowledge.linear_regex import compile_linear
 from torchtriage.knowledge.rules import Rule, default_rules
 from torchtriage.knowledge.stall import stall_knowledge
 from torchtriage.sources.lines import normalise, strip_ansi
 from torchtriage.sources.log_records import LogEvent, LogRecords, LogTail
-from torchtriage.sources.logs import MAX_LINE_CHARS
+from torchtriage.sources.logs import MAX_LINE_CHARS, WRAP_MIN_WIDTH
 
 NONFINITE_VALUE = "nan_inf.nonfinite_value"
 LOSS_SCALE_COLLAPSE = "nan_inf.loss_scale_collapse"
@@ -289,7 +289,7 @@ def _stops_on_a_tensor(last_lines: Iterator[_Line]) -> tuple[_Line, dict[str, st
     only as far as they are read: the answer is usually known after one or two. The tensor's rows are those
     of the rank that printed the stop: where ranks share a stream, other writers' lines fall between them."""
     known = stall_knowledge()
-    stop = None
+    stop, piece = None, None
     for line in last_lines:
         if stop is None:
             if known.is_noise(line.text):
@@ -299,12 +299,28 @@ def _stops_on_a_tensor(last_lines: Iterator[_Line]) -> tuple[_Line, dict[str, st
             # Another writer's line in a stream of ranks: another rank's, or its launcher's (unprefixed where the
             # ranks' lines carry a prefix), flushed between this rank's rows.
             continue
-        reading = reading_of(line.text)
+        text = line.text
+        if piece is not None:
+            # The stop was no row: the end of this one, cut off by a terminal's wrap? Only if the two make the
+            # row that closes a tensor (its fields, its parenthesis) and this one is as long as a wrap leaves.
+            text, piece = text + piece, None
+            if len(line.text) < WRAP_MIN_WIDTH or not _closes_a_tensor(text):
+                return None
+            # The row's first piece carries its writer's prefix; the piece a terminal cut off does not.
+            stop = replace(stop, rank=line.rank) if stop.rank is None else stop
+        reading = reading_of(text)
         if reading is not None:
-            return stop, {"value": reading.value, "row": line.text.strip()[:300]}
-        if not _inside_a_tensor(line.text) or _TENSOR_OPEN.match(line.text):
+            return stop, {"value": reading.value, "row": text.strip()[:300]}
+        if line is stop and not _inside_a_tensor(text) and reading is None:
+            piece = text
+            continue
+        if not _inside_a_tensor(text) or _TENSOR_OPEN.match(text):
             return None  # not a tensor's row, or its first row: no non-finite value before the stop
     return None
+
+
+def _closes_a_tensor(text: str) -> bool:
+    return _TENSOR_FIELDS.search(text) is not None and text.rstrip().endswith(")")
 
 
 def _inside_a_tensor(text: str) -> bool:

@@ -275,7 +275,7 @@ def _whole_message(buffer: bytes, start: int, stop: int, end: int, floor: int) -
 # an ordinary log repeats its prefix; a continuation does not). Only then are the lines rejoined.
 
 _WRAP_SAMPLE = 1 << 20
-_WRAP_MIN_WIDTH = 60
+WRAP_MIN_WIDTH = 60
 _PREFIX = 6  # bytes of a line's start compared with the next line's, digits as one
 _DIGITS = bytes.maketrans(b"123456789", b"000000000")
 
@@ -319,7 +319,7 @@ def wrap_width(sample: bytes) -> Wrapping | None:
 
     A terminal wraps the whole line, prefix and all; a program that wraps before a launcher prefixes
     its lines leaves the prefix on every piece: both are tried."""
-    if len(sample) < 2 * _WRAP_MIN_WIDTH or sample.count(b"\n") < 2:
+    if len(sample) < 2 * WRAP_MIN_WIDTH or sample.count(b"\n") < 2:
         return None  # not two complete lines at the width, the least a wrap shows (a folder's tiny logs)
     lines = [line.rstrip(b"\r") for line in sample.split(b"\n")[:-1]]  # complete lines only
     return _wrapping(lines, peeled=False) or _wrapping(lines, peeled=True)
@@ -327,7 +327,7 @@ def wrap_width(sample: bytes) -> Wrapping | None:
 
 def _wrapping(raw_lines: list[bytes], peeled: bool) -> Wrapping | None:
     lines = [_body(line) for line in raw_lines] if peeled else raw_lines
-    lengths = Counter(len(line) for line in lines if len(line) >= _WRAP_MIN_WIDTH)
+    lengths = Counter(len(line) for line in lines if len(line) >= WRAP_MIN_WIDTH)
     allowed_longer = max(1, 0.02 * len(lines))  # a line or two a terminal did not cut (a wide character)
     width, longer = None, 0
     for length in sorted(lengths, reverse=True):  # the widest length that several lines reach exactly
@@ -356,9 +356,11 @@ def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
     """Whether `following` is the rest of `line`: `line` was cut at the width (in a padded capture, not
     padded to it: its text ended before the edge) and `following` does not start a record of its own."""
     line = line.rstrip(b"\r")
-    theirs = _OUTER.match(following).group(0)
-    if theirs and theirs != _OUTER.match(line).group(0):
-        return False  # another launcher-prefixed record (another rank's line) starts here
+    theirs, mine = _OUTER.match(following).group(0), _OUTER.match(line).group(0)
+    if theirs and theirs != mine and (not mine or _launcher(theirs) == _launcher(mine)):
+        # Another launcher-prefixed record (another rank's line) starts here. Under another launcher's kind of
+        # prefix than this line's, it is text the wrap cut ("…Mlx" then "5: mlx5dv_create_qp failed").
+        return False
     if wrapping.peeled:
         # A program's own wrap under a launcher's prefix: both pieces carry the same prefix.
         prefix = _OUTER.match(line).group(0)
@@ -371,6 +373,15 @@ def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
         and bool(following.strip())
         and not _starts_alike(line, following)
     )
+
+
+def _launcher(prefix: bytes) -> str:
+    """Which launcher's kind of prefix (as _OUTER reads them): srun's, mpirun's, torchrun's, or colour alone."""
+    if b"<std" in prefix:
+        return "mpirun"
+    if b"[rank" in prefix or b"[default" in prefix:
+        return "torchrun"
+    return "srun" if any(48 <= c <= 57 for c in _uncoloured(prefix)[:7]) else "colour"
 
 
 def _hold_wrapped(buffer: bytes, cut: int, width: int) -> int:
