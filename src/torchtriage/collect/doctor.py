@@ -57,6 +57,8 @@ ENV_MEANING = {
     "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "path prefix of the flight-recorder dumps",
     "TORCH_NCCL_ENABLE_MONITORING": "the heartbeat monitor that kills a rank whose watchdog is stuck",
     "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "how long the monitor waits for a stuck watchdog",
+    "TORCH_NCCL_ENABLE_TIMING": "1 records when each collective began on the GPU: the flight recorder then tells a "
+    "rank whose GPU never began one (costs a few % of short steps)",
     "TORCH_FR_BUFFER_SIZE": "flight-recorder entries per rank (newer name)",
     "TORCH_FR_DUMP_TEMP_FILE": "path prefix of the flight-recorder dumps (newer name)",
     "TORCH_DISTRIBUTED_DEBUG": "DETAIL checks that every rank calls the same collective with the same shapes",
