@@ -32,7 +32,13 @@ CULPRIT = {
     "new_group_skip": 1,
     "zero_consolidate": 1,
     "gpu_wedged": 1,
-    "gpu_wedged_timing": 1,  # the same job run with TORCH_NCCL_ENABLE_TIMING=1
+    # The same jobs run with TORCH_NCCL_ENABLE_TIMING=1 (NCCL, armed): the recorder also says which ops a device
+    # began, which must name the rank whose GPU never began one and mislead nowhere else.
+    "gpu_wedged_timing": 1,
+    "ddp_skip_backward_timing": 1,
+    "fsdp2_skip_block_timing": 1,
+    "dtensor_mesh_skip_timing": 1,
+    "store_get_timing": 0,
 }
 # Two ranks, one of which made a call it never made before (a checkpoint's, a consolidation's first collective)
 # while the other went on: one made an extra call, or the other skipped a new phase. No artifact tells which.
