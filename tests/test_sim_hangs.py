@@ -108,3 +108,29 @@ def test_every_generated_program_runs_to_its_end_when_no_rank_departs(backend):
 def test_the_truth_names_the_culprit_among_its_candidates(scored):
     for case, _ in scored:
         assert case.truth.culprit in case.truth.candidates, case.describe()
+
+
+def _verdict_of(seed: int) -> tuple:
+    case = make(seed)
+    with tempfile.TemporaryDirectory() as folder:
+        case.write(Path(folder))
+        verdict = analyse_run(gather([folder])).verdict.to_json()
+    return case, verdict, score(case, verdict)
+
+
+@pytest.mark.parametrize("seed", [1038, 4729])
+def test_a_rank_one_op_past_every_rank_in_the_end_phase_made_the_extra_op(seed):
+    """gloo: one rank issued one op too many at a call site every step uses; its peer in the cycle and ranks
+    outside it issued that call equally often and entered the end of training. Their agreement names it."""
+    case, verdict, scored = _verdict_of(seed)
+    assert case.departure.kind == "extra" and scored.outcome == "right", case.describe()
+    assert verdict["facts"]["flight_recorder"]["decided_by"] == "one op more than every rank that entered the new phase"
+    assert verdict["confidence"] == "medium"
+
+
+def test_with_the_pair_alone_the_extra_op_is_not_decided_by_counts():
+    """Two ranks: one op too many on one side and the end phase entered early on the other are one story each;
+    no third rank's count tells them apart (the verdict's own-order reading remains, at medium)."""
+    case, verdict, _ = _verdict_of(2282)
+    assert len(case.outcome.ranks) == 2
+    assert verdict["facts"]["flight_recorder"]["decided_by"] != "one op more than every rank that entered the new phase"

@@ -1026,6 +1026,7 @@ _GRAPH_CONFIDENCE = {
     "its own program order, its peers keeping theirs": "high",
     "its own program order": "medium",
     "its own program order, with a call it never made before": "medium",
+    "one op more than every rank that entered the new phase": "medium",
     "its own program order, seen once before": "medium",
     "the ops between its collectives, its peers keeping theirs": "high",
     # The waits end in a rank with no dump: it died, or hangs where nothing recorded it. Its stack (or the

@@ -703,11 +703,54 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
             # collective) that ranks outside the cycle made too is a phase every rank enters: the rank may
             # have entered it in time while its peer issued one op too many or too few before it.
             decided = "its own program order, with a call it never made before"
+            extra = _one_op_more(cycle, by_history, own, programs)
+            if extra:
+                return extra, ONE_OP_MORE, _issued(extra, following, {})
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
 
 
 NEW_PHASE = "its peers' program order, its peers entering a new phase together"
+ONE_OP_MORE = "one op more than every rank that entered the new phase"
+
+
+def _one_op_more(
+    cycle: list[int], by_history: list[int], own: dict[int, tuple[IssuedOp, set, int]], programs: dict[int, Program]
+) -> list[int]:
+    """The rank(s) of the cycle that did not enter the phase, each waiting in an op one seq past the last op of
+    that call site on every rank that entered it (the cycle's own and ranks outside it, which agree): in an SPMD
+    program every rank that reached the phase issued that call as often, so a rank one past them made one op
+    more. Needs a rank outside the cycle in the phase: with the pair alone, one op too many on one side and a phase
+    entered early on the other are one story each."""
+    phase_call = {(own[r][0].op, own[r][0].site) for r in by_history}
+    if len(phase_call) != 1:
+        return []
+    (want,) = phase_call
+    outside = [r for r, p in programs.items() if r not in cycle and any((o.op, o.site) == want for o in p.ops)]
+    if not outside:
+        return []
+    extra = []
+    for rank in (r for r in cycle if r not in by_history):
+        waiting = programs[rank].waiting
+        if waiting is None or waiting.peer is not None or waiting.site is None:
+            return []
+        last = {_last_seq_at(programs[r], (waiting.op, waiting.site), want) for r in outside + list(by_history)}
+        if len(last) != 1 or None in last or waiting.seq != last.pop() + 1:
+            return []
+        extra.append(rank)
+    return sorted(extra)
+
+
+def _last_seq_at(program: Program, call: tuple[str, str | None], phase: tuple[str, str | None]) -> int | None:
+    """The seq of the rank's last op at `call` (op, call site) before it entered the phase, where all its ops at
+    that call are of one group; None otherwise."""
+    found: dict[str, int] = {}
+    for op in program.ops:
+        if (op.op, op.site) == phase:
+            break
+        if (op.op, op.site) == call and op.peer is None:
+            found[op.group] = op.seq
+    return next(iter(found.values())) if len(found) == 1 else None
 
 
 def _entered_together(
