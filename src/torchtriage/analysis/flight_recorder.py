@@ -38,7 +38,6 @@ from torchtriage.sources.flight_recorder import LoadResult, RankDump, Signature,
 _UNKNOWN = None  # before the rank's buffer start, or enqueued (pg_status) but not in the buffer
 _DEFAULT_PG_DESCS = ("default_pg",)
 _MAX_EVIDENCE = 4
-_MISMATCH_KINDS = ("not_joined", "op_mismatch", "size_mismatch", "dtype_mismatch", "state_mismatch", "not_started")
 # A disagreement's kind is its finding's kind under this prefix: the rules in knowledge/rules/fr.toml.
 _KIND_PREFIX = "fr."
 
@@ -798,13 +797,10 @@ def _missing_dump(missing: list[int]) -> Finding:
     )
 
 
-def _waiting_alike(dumps: dict[int, RankDump]) -> Finding:
-    """Every dump agrees, and ranks still wait in their last op: the op order cannot tell who is behind. What
+def _waiting_alike(waiting: list[int], dumps: dict[int, RankDump]) -> Finding:
+    """Every dump agrees, and `waiting` still wait in their last op: the op order cannot tell who is behind. What
     can: each device's progress (`started`, NCCL with TORCH_NCCL_ENABLE_TIMING=1, where it said nothing here),
     or the stacks."""
-    waiting = sorted(
-        r for r, d in dumps.items() if (last := _last_op(d)) and d.tracks[last[0]].states[-1] != "completed"
-    )
     timed = any("started" in t.states for d in dumps.values() for t in d.tracks.values())
     nccl = any(d.backend == "nccl" for d in dumps.values())
     message = (
@@ -889,10 +885,11 @@ def assess_dumps(load: LoadResult) -> Assessment:
             unrecorded_candidates = sorted(set(culprits) | waiting_for_them)
             culprits, confidence = [], "low"
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
-    if not culprits and not graph_leads and all_missing and compared and _present_ranks_wait(groups, dumps):
+    waiting = _waiting_ranks(dumps)
+    if not culprits and not graph_leads and all_missing and compared and waiting:
         findings.append(_missing_dump(all_missing))
         culprits, confidence = all_missing, "low"
-    alike = _waiting_alike(dumps) if not findings and compared and _present_ranks_wait(groups, dumps) else None
+    alike = _waiting_alike(waiting, dumps) if not findings and compared and waiting else None
     if alike is not None:
         findings.append(alike)
 
@@ -1100,16 +1097,10 @@ def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead
     return facts
 
 
-def _present_ranks_wait(groups: dict, dumps: dict[int, RankDump]) -> bool:
-    """Whether any rank's last op is still pending (for backends that record states), or states are unknown."""
-    for dump in dumps.values():
-        last = _last_op(dump)
-        if last is None:
-            continue
-        state = dump.tracks[last[0]].states[-1]
-        if state != "completed":
-            return True
-    return False
+def _waiting_ranks(dumps: dict[int, RankDump]) -> list[int]:
+    """The ranks whose last op is still pending (for backends that record states), or whose states are unknown
+    (gloo records every entry `scheduled`)."""
+    return sorted(r for r, d in dumps.items() if (last := _last_op(d)) and d.tracks[last[0]].states[-1] != "completed")
 
 
 def _summary(lead: Disagreement | None, culprits: list[int], findings, load: LoadResult) -> str:

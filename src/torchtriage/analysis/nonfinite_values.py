@@ -311,7 +311,7 @@ def _stops_on_a_tensor(last_lines: Iterator[_Line]) -> tuple[_Line, dict[str, st
         reading = reading_of(text)
         if reading is not None:
             return stop, {"value": reading.value, "row": text.strip()[:300]}
-        if line is stop and not _inside_a_tensor(text) and reading is None:
+        if line is stop and not _inside_a_tensor(text):
             piece = text
             continue
         if not _inside_a_tensor(text) or _TENSOR_OPEN.match(text):

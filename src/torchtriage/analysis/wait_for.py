@@ -726,7 +726,7 @@ def _one_op_more(
     if len(phase_call) != 1:
         return []
     (want,) = phase_call
-    outside = [r for r, p in programs.items() if r not in cycle and any((o.op, o.site) == want for o in p.ops)]
+    outside = _entered_outside(want, programs, set(cycle))
     if not outside:
         return []
     extra = []
@@ -739,6 +739,21 @@ def _one_op_more(
             return []
         extra.append(rank)
     return sorted(extra)
+
+
+def _entered_outside(phase: tuple[str, str | None], programs: dict[int, Program], cycle: set[int]) -> list[int]:
+    """One rank per kind of program outside the cycle that made the phase's call (ranks of one shape issued the
+    same ops: one reading serves them, as in `_made_elsewhere`); none past 64 kinds, where the doubt stands."""
+    found, seen = [], set()
+    for rank, program in programs.items():
+        if rank in cycle or program.shape in seen:
+            continue
+        if len(seen) >= 64:
+            return []
+        seen.add(program.shape)
+        if any((op.op, op.site) == phase for op in program.ops):
+            found.append(rank)
+    return found
 
 
 def _last_seq_at(program: Program, call: tuple[str, str | None], phase: tuple[str, str | None]) -> int | None:
