@@ -7,6 +7,7 @@ What a user relies on: the rank named is the one that departed; where the eviden
 candidates that hold it; a verdict at high confidence is never wrong; the culprit's line is where it left.
 """
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -40,9 +41,6 @@ CULPRIT = {
     "dtensor_mesh_skip_timing": 1,
     "store_get_timing": 0,
 }
-# Two ranks, one of which made a call it never made before (a checkpoint's, a consolidation's first collective)
-# while the other went on: one made an extra call, or the other skipped a new phase. No artifact tells which.
-TWO_STORIES = ("dcp_save_skip", "zero_consolidate")
 # Every rank's host waits for its GPU alike; only the flight recorder's `started` (TORCH_NCCL_ENABLE_TIMING=1,
 # the `_timing` recording) tells the rank whose device never began the all-reduce. Without it: candidates.
 DEVICE_ONLY = ("gpu_wedged",)
@@ -66,10 +64,6 @@ def test_the_rank_named_departed_or_the_candidates_hold_it(backend, case, mode):
     verdict = verdict_of(backend, case, mode)
     culprit = CULPRIT[case]
     named = verdict.culprit_ranks
-    if case in TWO_STORIES:
-        assert verdict.confidence != "high", verdict.summary
-        assert named in ([culprit], [1 - culprit]) or culprit in verdict.facts.get("candidates", []), verdict.summary
-        return
     if named:
         assert named == [culprit], verdict.summary
     else:
@@ -80,10 +74,29 @@ def test_the_rank_named_departed_or_the_candidates_hold_it(backend, case, mode):
     ("backend", "case"), sorted({(b, c) for b, c, m in recordings() if m == "armed" and c not in DEVICE_ONLY})
 )
 def test_armed_names_the_culprit(backend, case):
-    if case in TWO_STORIES:
-        pytest.skip("two ranks, two stories: no artifact decides")
     verdict = verdict_of(backend, case, "armed")
     assert verdict.culprit_ranks == [CULPRIT[case]], verdict.summary
+
+
+@pytest.mark.parametrize(
+    ("case", "call"),
+    [
+        ("dcp_save_skip", "torch.distributed.checkpoint.save"),
+        ("zero_consolidate", "ZeroRedundancyOptimizer.consolidate_state_dict"),
+    ],
+)
+def test_a_rank_that_skipped_a_call_every_rank_must_make_is_named(case, call):
+    """Two ranks: rank 0 waits in the first collective of a checkpoint's save (or a state-dict consolidation), a
+    call it never made before; rank 1 went on to the next step. By call order alone, rank 0 made an extra call;
+    but every rank must make this one (its documentation says so): rank 1 skipped it. The flight recorder's
+    frames show it (armed), and so do the stacks alone (bare)."""
+    armed = verdict_of("gloo", case, "armed")
+    assert (armed.culprit_ranks, armed.confidence) == ([1], "medium"), armed.summary
+    assert f"its peers wait inside {call}, which every rank must call" in armed.summary
+    bare = verdict_of("gloo", case, "bare")
+    assert (bare.culprit_ranks, bare.confidence) == ([1], "medium"), bare.summary
+    assert f"inside {call}, which every rank must call; rank 1 never entered it" in bare.summary
+    assert bare.actions[0].title == f"Make every rank call {call}"
 
 
 def test_fsdp2_on_nccl_names_the_forward_the_culprit_left():
@@ -108,6 +121,18 @@ def test_a_gpu_that_never_began_the_all_reduce_is_named_from_the_recorder_states
     assert (Path(frame["file"]).name, frame["function"], frame["rank"]) == ("api_hangs.py", "read_back", 1)
     action = verdict.actions[0]
     assert action.rule == "fr.not_started" and action.title.startswith("Look at rank 1's GPU")
+
+
+def test_the_wedged_gpus_own_dump_alone_names_no_rank_for_sure(tmp_path):
+    """Rank 1's dump alone (rank 0's lost): its device never began the all-reduce and timing was on, so it does
+    not wait for rank 0; whether rank 0's GPU began it is unknown. Both ranks are candidates, never rank 0
+    "where the waits end"."""
+    shutil.copytree(RECORDED / "nccl" / "gpu_wedged_timing" / "armed", tmp_path / "armed")
+    (tmp_path / "armed" / "fr" / "nccl_trace_rank_0").unlink()
+    verdict = diagnose_paths([str(tmp_path / "armed")])
+    assert (verdict.culprit_ranks, verdict.confidence, verdict.facts["candidates"]) == ([], "low", [0, 1])
+    assert "the GPU of rank 1 never began the all_reduce it waits in" in verdict.summary
+    assert not any(action.env.get("TORCH_NCCL_ENABLE_TIMING") for action in verdict.actions)
 
 
 @pytest.mark.parametrize("mode", ["bare", "armed"])

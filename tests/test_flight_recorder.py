@@ -198,6 +198,42 @@ def test_two_rank_split_without_history_blames_nobody(tmp_path):
     assert verdict.findings[0].kind == "fr.op_mismatch" and "cannot decide" in verdict.findings[0].message
 
 
+def _inside(frames_above: list[tuple[str, str]], seq: int, world: int):
+    """An all_gather issued inside library calls (innermost first) made from the user's line 40."""
+    frames = [{"name": "all_gather", "filename": "/x/site-packages/torch/distributed/distributed_c10d.py", "line": 1}]
+    frames += [{"name": name, "filename": f"/x/site-packages/{file}", "line": 2} for file, name in frames_above]
+    frames += [{"name": "step", "filename": "/job/train.py", "line": 40}]
+    return entry(seq, op="all_gather", frames=frames, input_sizes=[[4]], output_sizes=[[4 * world]])
+
+
+DCP_SAVE = [
+    ("torch/distributed/checkpoint/utils.py", "gather_object"),
+    ("torch/distributed/checkpoint/state_dict_saver.py", "_save_state_dict"),
+    ("torch/distributed/checkpoint/state_dict_saver.py", "save"),
+    ("torch/distributed/checkpoint/logger.py", "wrapper"),
+]
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_an_even_split_where_one_side_waits_inside_a_call_every_rank_must_make(tmp_path, world):
+    # Half the ranks wait in the first collective of a checkpoint's save, a call they never made before; the other
+    # half issued the next step's all_reduce. By call order the new call is the extra one; but DCP's save is made
+    # by every rank: the other half skipped it.
+    half = world // 2
+    for rank in range(world):
+        step = [entry(s) for s in range(1, 5)]
+        last = _inside(DCP_SAVE, 5, world) if rank < half else entry(5)
+        write(tmp_path, rank, [*step, last], world=world)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == list(range(half, world)) and verdict.confidence == "medium"
+    assert "its peers wait inside torch.distributed.checkpoint.save, which every rank must call" in verdict.summary
+    # The same new call made from the user's own code (no call every rank must make above it): the extra call.
+    for rank in range(half):
+        write(tmp_path, rank, [*[entry(s) for s in range(1, 5)], _inside([], 5, world)], world=world)
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == list(range(half)) and verdict.facts["decided_by"] == "call-site history"
+
+
 def test_ring_buffer_windows_that_start_at_different_records(tmp_path):
     # Rank 0's buffer holds seqs 1-10, rank 1's only 6-10 (it wrapped); rank 2 disagrees at seq 8.
     write(tmp_path, 0, [entry(s) for s in range(1, 11)], world=3)
@@ -324,6 +360,44 @@ def test_a_device_that_never_began_the_op_its_peers_began_is_named(tmp_path):
     assert verdict.culprit_ranks == [1] and verdict.confidence == "medium"
     assert verdict.findings[0].kind == "fr.not_started"
     assert "the GPU of rank 1 never began the all_reduce" in verdict.summary
+
+
+def _status(enqueued, started, completed):
+    """NCCL's `pg_status` of the default group; `started` stays -1 without TORCH_NCCL_ENABLE_TIMING=1."""
+    names = ("last_enqueued_collective", "last_started_collective", "last_completed_collective")
+    return {"0": dict(zip(names, (enqueued, started, completed), strict=True))}
+
+
+def test_a_device_that_never_began_the_op_is_named_though_another_member_left_no_dump(tmp_path):
+    # Rank 0 began seq 3 and waits in it; rank 1's device never did (timing on, inside no op); rank 2 wrote no
+    # dump. Rank 1 waits for its own device, not for rank 2: the waits do not end in the missing rank.
+    ops = [_timed(1, "completed"), _timed(2, "completed")]
+    write(tmp_path, 0, [*ops, _timed(3, "started")], world=3, status=_status(3, 3, 2))
+    write(tmp_path, 1, [*ops, _timed(3, "scheduled")], world=3, status=_status(3, 2, 2))
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [1] and verdict.confidence == "medium"
+    assert verdict.findings[0].kind == "fr.not_started"
+    assert any("no dump for rank 2" in problem for problem in verdict.problems)
+
+
+def test_a_lone_dump_whose_device_never_began_the_op_names_it_and_the_missing_peer_candidates(tmp_path):
+    # Only rank 1 dumped: its device never began seq 3 (timing on: seq 2's start was seen). Whether rank 0's
+    # began it, or rank 1's held kernel waits for rank 0, no dump read can tell: both are candidates, never
+    # rank 0 alone as the rank "the waits end in".
+    write(
+        tmp_path, 1, [_timed(1, "completed"), _timed(2, "completed"), _timed(3, "scheduled")], status=_status(3, 2, 2)
+    )
+    verdict = verdict_of(tmp_path)
+    assert (verdict.culprit_ranks, verdict.confidence) == ([], "low")
+    assert verdict.facts["candidates"] == [0, 1]
+    assert verdict.findings[0].kind == "fr.not_started"
+    # Timing was on: asking for it again would send the user in a circle; finding rank 0's side is the step.
+    assert not any(a.env.get("TORCH_NCCL_ENABLE_TIMING") for a in verdict.actions)
+    assert verdict.actions[0].title == "Find out whether rank 0's GPU began it"
+    # Without timing (no start ever recorded), `scheduled` says nothing: the waits end in the missing rank.
+    write(tmp_path, 1, [entry(1), entry(2), entry(3, state="scheduled")], status=_status(3, -1, 2))
+    verdict = verdict_of(tmp_path)
+    assert verdict.culprit_ranks == [0] and verdict.findings[0].kind == "fr.missing_dump"
 
 
 def test_dumps_that_agree_while_every_rank_waits_name_every_rank_a_candidate(tmp_path):

@@ -238,6 +238,33 @@ def test_a_minority_in_another_collective_is_blamed_only_on_one_group():
     assert assess_stacks(unseen).facts["candidates"] == [0, 1, 2, 3]
 
 
+IN_DCP_SAVE = (
+    f"all_gather ({C10D}:4280)",
+    f"gather_object ({C10D}:3631)",
+    "gather_object (torch/distributed/checkpoint/utils.py:135)",
+    "_save_state_dict (torch/distributed/checkpoint/state_dict_saver.py:487)",
+    "save (torch/distributed/checkpoint/state_dict_saver.py:196)",
+    "wrapper (torch/distributed/checkpoint/logger.py:90)",
+    "checkpoint (train.py:60)",
+)
+
+
+@pytest.mark.parametrize("inside", [{0}, {0, 1, 2}, {1, 3}])
+def test_ranks_that_never_entered_a_call_every_rank_must_make_are_named(inside):
+    # Some ranks wait inside a checkpoint's save (every rank must call it), the rest in the next step's
+    # all_reduce: those skipped the save, however many they are, since the savers wait for a member that never
+    # came and every other rank is at the one other place.
+    analysis = analyze_stacks({r: process(*(IN_DCP_SAVE if r in inside else ALL_REDUCE)) for r in range(4)})
+    skipped = sorted(set(range(4)) - inside)
+    assert (analysis.culprit_ranks, analysis.confidence) == (skipped, "medium")
+    assert analysis.findings[0].kind == "stacks.skipped_all_rank_call"
+    assert "inside torch.distributed.checkpoint.save, which every rank must call" in analysis.findings[0].message
+    # The same collective called from the user's own code decides nothing of the kind.
+    own = (f"all_gather ({C10D}:4280)", "wrapper (torch/distributed/c10d_logger.py:83)", "checkpoint (train.py:60)")
+    analysis = analyze_stacks({r: process(*(own if r in inside else ALL_REDUCE)) for r in range(4)})
+    assert not any(f.kind == "stacks.skipped_all_rank_call" for f in analysis.findings)
+
+
 def test_several_ranks_elsewhere_are_all_culprits_when_the_waiting_ranks_are_not_fewer():
     dumps = {0: process(*ALL_REDUCE), 1: process(*IN_LOADER), 2: process(*ALL_REDUCE), 3: process("f (t.py:1)")}
     analysis = analyze_stacks(dumps)

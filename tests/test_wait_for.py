@@ -191,6 +191,36 @@ def test_two_ranks_each_waiting_for_the_other_in_a_first_step_are_candidates(tmp
     assert "candidates" in found.summary
 
 
+def test_a_rank_that_skipped_a_checkpoint_its_pair_entered_is_named_across_groups(tmp_path):
+    # Each step: a world all_reduce, then one on the rank's pair. After step 3 every rank saves a checkpoint of
+    # its pair (DCP's save, on the pair's group) but rank 1, which goes on to step 4's world all_reduce: rank 0
+    # waits inside the save for rank 1, rank 1 in the world for rank 0 (a cycle of two: no majority), ranks 2-3
+    # saved and wait in the world for rank 0. Rank 0's save is a call it never made before; but every rank must
+    # make it: rank 1 skipped it.
+    from test_flight_recorder import DCP_SAVE, _inside
+
+    pairs = {
+        "1": {"name": "1", "desc": "pair", "ranks": "[0, 1]"},
+        "2": {"name": "2", "desc": "pair", "ranks": "[2, 3]"},
+    }
+    for rank in range(4):
+        pg = "1" if rank < 2 else "2"
+        ops = []
+        for step in range(1, 4):
+            ops += [entry(step, record=len(ops)), entry(step, pg=pg, desc="pair", record=len(ops) + 1, line=30)]
+        if rank == 1:
+            ops.append(entry(4, state="scheduled", record=len(ops)))
+        else:
+            save = _inside(DCP_SAVE, 4, 2) | {"process_group": (pg, "pair"), "pg_id": int(pg), "record_id": len(ops)}
+            ops.append(save | ({"state": "scheduled"} if rank == 0 else {}))
+            if rank > 1:
+                ops.append(entry(4, state="scheduled", record=len(ops)))
+        write(tmp_path, rank, ops, world=4, extra_pgs=pairs)
+    found = verdict_of(tmp_path)
+    assert (found.culprit_ranks, found.confidence) == ([1], "medium"), found.summary
+    assert found.facts["decided_by"] == "a call every rank must make"
+
+
 def test_a_rank_in_no_collective_that_others_wait_for_across_groups_is_the_sink(tmp_path):
     # Rank 1 finished its pair all_reduce and stopped; rank 0 waits in the world for it, ranks 2-3 too.
     pair = {"1": {"name": "1", "desc": "pair", "ranks": "[0, 1]"}}

@@ -30,6 +30,10 @@ _CEILING = {"primary": Confidence.HIGH, "symptom": Confidence.MEDIUM, "collatera
 # counts such a line as a witness beside the stacks and dumps the verdict was made of.
 RESTATED_VERDICT = "verdict_file"
 RESTATED_CONFIDENCE = "watchdog_confidence"
+# The fact by which a finding names the knowledge its culprits rest on beyond its own artifact (a call every
+# rank must make): two sources that decided by one premise are one witness, never two that agree.
+PREMISE = "premise"
+ALL_RANK_CALLS = "calls every rank must make (knowledge/frames.toml [[all_rank_calls]])"
 
 
 class Reading(Protocol):

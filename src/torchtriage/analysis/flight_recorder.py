@@ -27,6 +27,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from torchtriage.analysis import fr_unrecorded, wait_for, wait_for_findings
+from torchtriage.analysis.confidence import ALL_RANK_CALLS, PREMISE
 from torchtriage.analysis.fr_model import ABSENT, Disagreement, Group, group_key
 from torchtriage.analysis.fr_p2p import p2p_disagreement
 from torchtriage.analysis.fusion import verdict_of
@@ -290,7 +291,8 @@ def _state_disagreement(
         if v.track is not None and first_pending.get(v.rank, seq + 1) > seq and seq in v.track.seqs[v.start :]
     )
     if not done:
-        return _not_started(group, views, seq, dumps) if len(waiting) == len(group.members) else None
+        # Every member with a dump waits in it (those without one are unknown).
+        return _not_started(group, views, seq, dumps) if len(waiting) == len(views) else None
     if len(done) == len(waiting):
         culprits: list[int] = []
         decided = "undecided"
@@ -310,12 +312,16 @@ def _state_disagreement(
 
 
 def _not_started(group: Group, views: list[_RankView], seq: int, dumps: dict[int, RankDump]) -> Disagreement | None:
-    """Every member waits in the op at `seq`; on some the device began it (`started`), on others not
+    """Every member with a dump waits in the op at `seq`; on some the device began it (`started`), on others not
     (`scheduled`). NCCL records `started` only with TORCH_NCCL_ENABLE_TIMING=1: a start event recorded on the
     communicator's stream, which runs the op only after the work queued before it on the rank's own stream.
     Peers that began it wait inside it for the ranks whose device never reached it: work before it never ended
     there (a kernel that never returns, a wedged GPU). Said only of a rank whose device began no op it has not
-    completed, in any group: a device inside another collective waits for that one's peers instead."""
+    completed, in any group: a device inside another collective waits for that one's peers instead.
+
+    Where no rank with a dump began it, only members that left no dump could say whether theirs did: the ranks
+    whose own record shows timing on are candidates with those members (a kernel held before the op may itself
+    wait for a peer)."""
     started, behind, op = [], [], "collective"
     for view in views:
         track = view.track
@@ -327,12 +333,14 @@ def _not_started(group: Group, views: list[_RankView], seq: int, dumps: dict[int
         op = signature.op if signature is not None else op
         if state == "started":
             started.append(view.rank)
-        elif state == "scheduled" and not _inside_an_op(dumps[view.rank]):
+        elif state == "scheduled" and not wait_for.device_inside_an_op(dumps[view.rank]):
             behind.append(view.rank)
         else:
             return None
-    if not started or not behind:
+    if not behind:
         return None
+    if not started:
+        return _not_started_alone(group, seq, behind, op, dumps)
     note = (
         f"the GPU of {format_ranks(behind)} never began the {op} that {format_ranks(started)} began and "
         f"{'waits' if len(started) == 1 else 'wait'} in"
@@ -341,14 +349,21 @@ def _not_started(group: Group, views: list[_RankView], seq: int, dumps: dict[int
     return Disagreement(group, seq, False, sides, "started", behind, "its device", "not_started", note)
 
 
-def _inside_an_op(dump: RankDump) -> bool:
-    """The rank's device began an op it has not completed: an entry `started`, or a group whose counters say
-    so (`pg_status` keeps counting past the entries a ring buffer dropped)."""
-    if any("started" in track.states for track in dump.tracks.values()):
-        return True
-    if any(op.state == "started" for ops in dump.p2p.values() for op in ops):
-        return True
-    return any(started > completed for _, started, completed in dump.pg_status.values())
+def _not_started_alone(group: Group, seq: int, behind: list[int], op: str, dumps: dict) -> Disagreement | None:
+    """No rank with a dump began the op; the members without one are unknown."""
+    unknown = [r for r in group.members if r not in dumps]
+    if not unknown or not all(wait_for.records_starts(dumps[r]) for r in behind):
+        return None  # without timing no op reads `started`: `scheduled` says nothing
+    one = len(unknown) == 1
+    note = (
+        f"the GPU of {format_ranks(behind)} never began the {op} {'it waits' if len(behind) == 1 else 'they wait'} "
+        f"in, inside no other op; {format_ranks(unknown)} left no dump: whether {'its' if one else 'their'} GPU "
+        f"began it, or whether the work held on {format_ranks(behind)}'s GPU waits for {'it' if one else 'them'} "
+        "(a kernel that waits on a peer), no dump read can tell"
+    )
+    sides = {"not started": behind, "no dump": unknown}
+    detail = {"not_begun": format_ranks(behind), "no_dump": format_ranks(unknown)}
+    return Disagreement(group, seq, False, sides, None, [], "undecided", "not_started", note, detail)
 
 
 def _departure(dump: RankDump, group: Group, seq: int, signatures: dict[str, Signature]) -> int | None:
@@ -395,6 +410,9 @@ def _decide(
         ranks.sort()
     disagreement = Disagreement(group, seq, False, sides, expected, culprits, decided)
     disagreement.kind = _kind(sides, expected, signatures)
+    if decided == wait_for.ALL_RANK_CALL and expected is not None:
+        call = _all_rank_call_at(dumps.get(sides[expected][0]), group, seq)
+        disagreement.detail = {"all_rank_call": call}
     return disagreement
 
 
@@ -424,6 +442,9 @@ def _break_tie(
     by_step = _against_the_step(group, seq, tied, sides, dumps)
     if by_step is not None:
         return by_step, "the group's step order"
+    inside = _inside_all_rank_call(group, seq, tied, sides, dumps)
+    if inside is not None:
+        return inside, wait_for.ALL_RANK_CALL
     if ABSENT not in tied:
         scores: dict[str, int | None] = {}
         for value in tied:
@@ -440,6 +461,26 @@ def _break_tie(
         # site on the waiting side proves nothing (the first step after a warm-up is called from a new line).
         return next(v for v in tied if v != ABSENT), "stopped issuing"
     return None, "undecided"
+
+
+def _inside_all_rank_call(
+    group: Group, seq: int, tied: list[str], sides: dict[str, list[int]], dumps: dict[int, RankDump]
+) -> str | None:
+    """The side whose op at `seq` was issued inside a call every rank must make (a checkpoint's save, a
+    state-dict consolidation), where the other side's was not: the other side skipped that call. Its first
+    collective is a call the side never made before, which alone would read as an extra call."""
+    if len(tied) != 2 or ABSENT in tied:
+        return None
+    calls = {v: [_all_rank_call_at(dumps.get(r), group, seq) for r in sides[v]] for v in tied}
+    inside = [v for v in tied if calls[v] and all(calls[v])]
+    if len(inside) != 1 or any(any(calls[v]) for v in tied if v != inside[0]):
+        return None
+    return inside[0]
+
+
+def _all_rank_call_at(dump: RankDump | None, group: Group, seq: int) -> str | None:
+    i = _entry_at(dump, group, seq) if dump is not None else None
+    return dump.tracks[group.name].all_rank_calls.get(i) if i is not None else None
 
 
 def _ran_before(group: Group, value: str, seq: int, sides: dict[str, list[int]], dumps: dict[int, RankDump]) -> bool:
@@ -652,6 +693,8 @@ def _message(d: Disagreement, signatures: dict[str, Signature]) -> str:
             "an op its step issues elsewhere",
             "its device": "it enqueued the op like its peers, but work queued before it on its GPU never ended: a "
             "kernel that does not return, or a GPU that stopped",
+            wait_for.ALL_RANK_CALL: f"its peers wait inside {d.detail.get('all_rank_call')}, which every rank must "
+            "call; it never entered it",
         }.get(d.decided_by, d.decided_by)
         return f"{head} — {format_ranks(d.culprits)} departed ({how})"
     if d.decided_by == "undecided" and len(d.sides) > 1 and not d.note:
@@ -761,6 +804,9 @@ def _finding(d: Disagreement, role: str, dumps: dict[int, RankDump], signatures:
     facts = {"seq": d.seq, "group": d.group.label}
     if not d.culprits and d.decided_by == "undecided":
         facts["undecided"] = True
+    if d.decided_by == wait_for.ALL_RANK_CALL:
+        facts[PREMISE] = ALL_RANK_CALLS
+    facts |= d.detail
     evidence = _evidence_for(d, dumps, signatures)
     return Finding(_KIND_PREFIX + d.kind, ranks, _message(d, signatures), role, "hang", evidence, facts)
 
@@ -801,7 +847,7 @@ def _waiting_alike(waiting: list[int], dumps: dict[int, RankDump]) -> Finding:
     """Every dump agrees, and `waiting` still wait in their last op: the op order cannot tell who is behind. What
     can: each device's progress (`started`, NCCL with TORCH_NCCL_ENABLE_TIMING=1, where it said nothing here),
     or the stacks."""
-    timed = any("started" in t.states for d in dumps.values() for t in d.tracks.values())
+    timed = any(wait_for.records_starts(d) or wait_for.device_inside_an_op(d) for d in dumps.values())
     nccl = any(d.backend == "nccl" for d in dumps.values())
     message = (
         f"Every dump agrees and {format_ranks(waiting)} {'waits' if len(waiting) == 1 else 'wait'} in the last op "
@@ -823,6 +869,9 @@ def _load_facts(load: LoadResult, groups: dict, missing: list[int], timed_out: l
     }
     if missing:
         facts["missing_ranks"] = format_ranks(missing)
+    if any(wait_for.records_starts(d) for d in load.dumps):
+        # What the job already had set: an action asking for it again would send the user in a circle.
+        facts["env_in_effect"] = {"TORCH_NCCL_ENABLE_TIMING": "1"}
     if timed_out:
         facts["timed_out"] = [{"rank": r, "pg": pg, "seq": seq} for r, pg, seq in timed_out[:16]]
     return facts
@@ -844,7 +893,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
     graph_leads = graph.kind in ("cycle", "p2p", "no_dump", "stopped") or (
-        graph.kind == "sink" and sorted(graph.culprits) != per_group
+        graph.kind in ("sink", "not_begun") and sorted(graph.culprits) != per_group
     )
     if graph_leads:
         primary, collateral = [], primary + collateral
@@ -1030,6 +1079,10 @@ _GRAPH_CONFIDENCE = {
     # capture's note that it has no process) confirms it.
     "the ranks others wait for wait for it, and it left no dump": "medium",
     wait_for.PROGRESS_STOPPED: "medium",
+    # Its own record says its device never began the op: what held the device before it (a kernel that never
+    # returns, a kernel that waits on a peer) the dumps cannot say.
+    wait_for.NOT_BEGUN: "medium",
+    wait_for.ALL_RANK_CALL: "medium",
 }
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from torchtriage.analysis.confidence import RESTATED_VERDICT
+from torchtriage.analysis.confidence import PREMISE, RESTATED_VERDICT
 from torchtriage.knowledge.actions import route
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import Assessment, Category, Confidence, Finding, RankState, Role, Verdict
@@ -124,6 +124,9 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
     # A source that restates a verdict of ours agrees with the evidence that verdict was made of: it is shown,
     # never counted as a witness of its own.
     agree = [name for name, ranks in named.items() if ranks == culprits and not restates_a_verdict(comparable[name])]
+    # Sources that decided by one premise (a call every rank must make, read in the recorder's frames and in the
+    # stacks alike) are one witness: were the premise wrong, both would be.
+    witnesses = {_premise(comparable[name]) or name for name in agree}
     # A source that names more ranks, the lead's among them, only says less: the stacks of two ranks in two
     # groups' collectives cannot tell which departed, the flight recorder's order can.
     # A source that only guesses (low confidence) is said to differ, and lowers nothing.
@@ -133,7 +136,7 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
     guessing |= {name for name in disagree if _waits_for_another(comparable[name], present)}
     category = lead.category if lead.category not in (Category.UNKNOWN, Category.OK) else Category.HANG
     findings = []
-    if culprits and len(agree) > 1:
+    if culprits and len(witnesses) > 1:
         findings.append(
             Finding(
                 "fusion.sources_agree",
@@ -156,7 +159,13 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
                 category,
             )
         )
-    return findings, bool(culprits) and len(agree) > 1, bool(set(disagree) - guessing)
+    return findings, bool(culprits) and len(witnesses) > 1, bool(set(disagree) - guessing)
+
+
+def _premise(assessment: Assessment) -> str | None:
+    """The premise the source's culprits rest on, where it is knowledge another source may share."""
+    blaming = assessment.blaming
+    return blaming.facts.get(PREMISE) if blaming is not None else None
 
 
 def _action_order(lead: Assessment, others: list[Assessment]) -> list[Finding]:
@@ -246,7 +255,10 @@ def fuse(
         confidence=confidence,
         findings=agreement + [f for a in present.values() for f in a.findings],
         actions=route(
-            _action_order(lead, others), _Rules(rules), skip_commands=tuple(f"torchtriage {v} " for v in read)
+            _action_order(lead, others),
+            _Rules(rules),
+            skip_commands=tuple(f"torchtriage {v} " for v in read),
+            env_in_effect={k: v for a in present.values() for k, v in a.facts.get("env_in_effect", {}).items()},
         ),
         facts=facts,
         sources=[s for a in present.values() for s in a.files],

@@ -46,6 +46,20 @@ def collective_of(frames: Sequence[Frame], known: StackKnowledge | None = None) 
     return _outermost(frames, known.collectives) or _outermost(frames, known.generic_collectives)
 
 
+def all_rank_call_of(frames: Sequence[Frame]) -> str | None:
+    """The call every rank must make that these frames wait inside: the outermost such library frame above the
+    user's line (frames innermost first), the one the user called."""
+    known = stack_knowledge()
+    found = None
+    for frame in frames:
+        if frame.native:
+            continue
+        if not known.is_library_file(frame.file):
+            return found
+        found = known.all_rank_call(frame.file, _function(frame)) or found
+    return found
+
+
 def _outermost(frames: Sequence[Frame], table) -> tuple[str, Frame] | None:
     found = None
     for frame in frames:  # innermost first: keep the outermost match, the call the user made
@@ -201,6 +215,7 @@ def position_of(
     given = group_given(frames) if state == RankState.COLLECTIVE else None
     peer = p2p_peer(frames, op) if state == RankState.COLLECTIVE and op in P2P_OPS else None
     group = created_group(frames) if op == "new_group" else None
+    inside = all_rank_call_of(frames) if state == RankState.COLLECTIVE else None
     return RankPosition(
         rank,
         state,
@@ -213,6 +228,7 @@ def position_of(
         process_group=group,
         group_given=given,
         peer=peer,
+        all_rank_call=inside,
     )
 
 

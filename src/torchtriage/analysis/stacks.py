@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from torchtriage.analysis.confidence import ALL_RANK_CALLS, PREMISE
 from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import BACKWARD_OP, P2P_OPS, classify_frames, describe, position_of
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
@@ -207,6 +208,9 @@ def analyze_positions(
     elif len(waiting) > 1 and not elsewhere and _across_groups(waiting):
         culprits, confidence, finding = _across_groups_verdict(waiting)
         findings.append(finding)
+    elif len(waiting) == 2 and not elsewhere and (skipped := _skipped_all_rank_call(waiting)) is not None:
+        culprits, confidence = sorted(skipped.ranks), "medium"
+        findings.append(_skipped_finding(waiting, skipped))
     elif len(waiting) > 1 and not elsewhere and not _one_group(waiting) and _two_places(waiting, len(found)):
         culprits, confidence = sorted(waiting[1].ranks), "medium"
         findings.append(_majority_apart(waiting))
@@ -396,6 +400,34 @@ def _majority_apart(waiting: list[StackGroup]) -> Finding:
         role="primary",
         category="hang",
         evidence=_evidence(apart.position)[:_MAX_EVIDENCE] + _evidence(majority.position),
+        blames=True,
+    )
+
+
+def _skipped_all_rank_call(waiting: list[StackGroup]) -> StackGroup | None:
+    """Of two places, one waits inside a call every rank must make (a checkpoint's save) and the other in none:
+    the ranks inside it wait for a member that never entered it, and every other rank is at the other place.
+    Those skipped it (a rank-local decision to save, say); by call order alone the call would read as an extra
+    one its ranks made."""
+    inside = [g for g in waiting if g.position.all_rank_call]
+    if len(inside) != 1:
+        return None
+    return next(g for g in waiting if g is not inside[0])
+
+
+def _skipped_finding(waiting: list[StackGroup], skipped: StackGroup) -> Finding:
+    inside = next(g for g in waiting if g is not skipped)
+    call = inside.position.all_rank_call
+    culprits = sorted(skipped.ranks)
+    return Finding(
+        "stacks.skipped_all_rank_call",
+        culprits,
+        f"{inside.describe()}, inside {call}, which every rank must call; {format_ranks(culprits)} never entered "
+        f"it: {skipped.describe()}",
+        role="primary",
+        category="hang",
+        evidence=_evidence(skipped.position)[:_MAX_EVIDENCE] + _evidence(inside.position),
+        facts={"all_rank_call": call, PREMISE: ALL_RANK_CALLS},
         blames=True,
     )
 

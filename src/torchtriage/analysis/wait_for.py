@@ -7,7 +7,9 @@ says which ops completed (NCCL), that issued it but waits in an earlier op of it
 return at once and queue on the device behind the one that cannot complete). A rank waiting in a send or
 recv waits for its peer, unless the peer waits in the op it pairs with. Then:
 
-- a rank that others wait for and that waits in no collective (a sink) is the culprit;
+- a rank that others wait for and that waits in no collective (a sink) is the culprit; so is one that waits
+  in the op but whose device never began it (NCCL with TORCH_NCCL_ENABLE_TIMING=1 records starts): it waits
+  for its own device, not for its peers;
 - where the chains end in a cycle instead — ranks waiting in one group for peers that wait in another
   group for them — the job deadlocked, and the culprit is the rank whose program departs first: from
   what its peers issued after the last op they all share (a strict majority), or from what it issued
@@ -85,6 +87,8 @@ class Program:
         self.stateful = records_states(dump)
         self.waiting: IssuedOp | None = _waiting(dump, self.last, self.stateful)
         self.maybe_in_p2p = self.waiting is None and _likely_in_p2p(dump, self.last)
+        # Its device never began the op it waits in: it waits for its own device, not for its peers.
+        self.not_begun = self.waiting is not None and device_never_began(dump, self.waiting)
         self._ops: list[IssuedOp] | None = None
         self._shape: tuple | None = None
 
@@ -143,7 +147,7 @@ class WaitFor:
     unknown: dict[int, frozenset[int]]  # rank -> members of its group with no dump (they may be the ones)
     place_of: dict[int, tuple] = field(default_factory=dict)  # waiting rank -> the op it waits in
     # "sink" | "cycle" | "p2p" (waited for in an unrecorded p2p op) | "no_dump" (the waits end in ranks that
-    # left no dump) | None
+    # left no dump) | "not_begun" (in ranks whose devices never began the op they wait in) | None
     kind: str | None = None
     culprits: list[int] = field(default_factory=list)
     candidates: list[int] = field(default_factory=list)
@@ -196,6 +200,36 @@ def last_op(dump: RankDump) -> IssuedOp | None:
     """The last collective this rank enqueued, in record order."""
     last = max(((t.indices[-1], name) for name, t in dump.tracks.items() if t.indices), default=None)
     return _op(dump, last[1], len(dump.tracks[last[1]].indices) - 1) if last else None
+
+
+def device_inside_an_op(dump: RankDump) -> bool:
+    """The rank's device began an op it has not completed: an entry `started`, or a group whose counters say
+    so (`pg_status` keeps counting past the entries a ring buffer dropped)."""
+    if any("started" in track.states for track in dump.tracks.values()):
+        return True
+    if any(op.state == "started" for ops in dump.p2p.values() for op in ops):
+        return True
+    return any(started > completed for _, started, completed in dump.pg_status.values())
+
+
+def records_starts(dump: RankDump) -> bool:
+    """NCCL recorded when its ops began (TORCH_NCCL_ENABLE_TIMING=1): a group counts an op started. Without
+    it no start event exists, every pending op reads `scheduled` and `last_started_collective` stays -1."""
+    return dump.backend == "nccl" and any(started >= 0 for _, started, _ in dump.pg_status.values())
+
+
+def device_never_began(dump: RankDump, op: IssuedOp) -> bool:
+    """Where NCCL records starts, the rank's device never began `op` and is inside no other op: work queued
+    before it on the rank's own stream never ended (a kernel that never returns, a wedged GPU), for the
+    communicator's stream runs an op only after the work its rank queued before it."""
+    if op.peer is not None:
+        state = op.record.state
+    else:
+        track = dump.tracks.get(op.group)
+        at = bisect_left(track.seqs, op.seq) if track is not None else 0
+        found = track is not None and at < len(track.seqs) and track.seqs[at] == op.seq
+        state = track.states[at] if found else None
+    return state == "scheduled" and records_starts(dump) and not device_inside_an_op(dump)
 
 
 def _reach(dump: RankDump, name: str) -> int | None:
@@ -316,7 +350,7 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
                     reach = other.reach.get(op.group, 0) if other is not None else None
                     if reach is None:
                         unknown.append(member)
-                    elif reach < op.seq or other.held_before(op):
+                    elif reach < op.seq or other.held_before(op) or _never_began_it(other, op):
                         absent.append(member)
                 unseen = unseen_of(rank, op.group) if unseen_of is not None else None
                 if (
@@ -350,6 +384,10 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
             last = program.last
             program.waiting = IssuedOp(last.group, last.seq, P2P_UNRECORDED, None, last.index, None)
         waiting = program.waiting
+        if program.not_begun:
+            graph.edges[rank], graph.unknown[rank] = nobody, nobody  # it waits for its own device
+            graph.place_of[rank] = place(rank, waiting)
+            continue
         if waiting is not None and waiting.op == P2P_UNRECORDED:
             graph.edges[rank], graph.unknown[rank] = nobody, frozenset(members_of(rank, waiting.group)) - {rank}
             continue  # it waits for a peer its dump does not name
@@ -360,6 +398,11 @@ def wait_for_graph(programs: dict[int, Program], members_of, unseen_of=None) -> 
             if graph.place_of[rank] in unaccounted:
                 graph.unaccounted.add(rank)
     return graph
+
+
+def _never_began_it(program: Program, op: IssuedOp) -> bool:
+    """This member waits in `op` itself, and its device never began it."""
+    return program.not_begun and program.waiting is not None and program.waiting.key == op.key
 
 
 def _alike_in(programs: dict[int, Program], members: tuple[int, ...], op: IssuedOp) -> bool:
@@ -454,6 +497,7 @@ def _strongly_connected(edges: dict) -> list[list]:
 
 
 PROGRESS_STOPPED = "its peers completed the op its dump still lists as pending"
+NOT_BEGUN = "its device never began the op its peers wait in"
 
 
 def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> WaitFor:
@@ -470,6 +514,10 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
         return _ends_without_dump(graph, frozenset(graph.edges), programs)
     if sinks:
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
+        return graph
+    not_begun = sorted(m for m in waited if programs[m].not_begun)
+    if not_begun:  # they issued the op, but wait for their own devices, which never began it
+        graph.kind, graph.culprits, graph.decided_by = "not_begun", not_begun, NOT_BEGUN
         return graph
 
     in_p2p = sorted(m for m in waited if programs[m].waiting.op == P2P_UNRECORDED)
@@ -690,6 +738,10 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
         # evaluation, a first checkpoint): a phase the program enters on every rank, which the rest went past.
         decided = NEW_PHASE
         return by_peers, decided, detail | _issued(by_peers, following, own)
+    entered = _entered_all_rank_call(cycle, by_history, own, programs) if not by_peers else []
+    if entered:
+        # The break is a call every rank must make (a checkpoint's save): the ranks that never entered it skipped it.
+        return entered, ALL_RANK_CALL, _issued(entered, following, {})
     if by_history and not by_peers:
         # Every other rank of the cycle kept the order of its earlier steps: the break is this rank's alone.
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
@@ -711,6 +763,33 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
 
 
 NEW_PHASE = "its peers' program order, its peers entering a new phase together"
+ALL_RANK_CALL = "a call every rank must make"
+
+
+def _entered_all_rank_call(
+    cycle: list[int], by_history: list[int], own: dict[int, tuple[IssuedOp, set, int]], programs: dict[int, Program]
+) -> list[int]:
+    """The ranks of the cycle that skipped a call every rank must make: the ranks whose program breaks its order
+    all broke it with an op issued inside such a call (knowledge/frames.toml [[all_rank_calls]]), and these are
+    the rest, none of them inside one."""
+    if not by_history or not all(_inside_all_rank_call(programs[r], own[r][0]) for r in by_history):
+        return []
+    rest = [r for r in cycle if r not in by_history]
+    if any(programs[r].waiting is None or _inside_all_rank_call(programs[r], programs[r].waiting) for r in rest):
+        return []
+    return sorted(rest)
+
+
+def _inside_all_rank_call(program: Program, op: IssuedOp) -> str | None:
+    """The call every rank must make that issued this collective, if any."""
+    track = program.dump.tracks.get(op.group)
+    if op.peer is not None or track is None or not track.all_rank_calls:
+        return None
+    at = bisect_left(track.seqs, op.seq)
+    found = at < len(track.seqs) and track.seqs[at] == op.seq
+    return track.all_rank_calls.get(at) if found else None
+
+
 ONE_OP_MORE = "one op more than every rank that entered the new phase"
 
 

@@ -5,7 +5,8 @@ Pure: takes the graph and the programs `analysis.wait_for` built, and how to nam
 
 from __future__ import annotations
 
-from torchtriage.analysis.wait_for import P2P_UNRECORDED, IssuedOp, Program, WaitFor
+from torchtriage.analysis.confidence import ALL_RANK_CALLS, PREMISE
+from torchtriage.analysis.wait_for import ALL_RANK_CALL, P2P_UNRECORDED, IssuedOp, Program, WaitFor
 from torchtriage.model import Evidence, Finding
 from torchtriage.ranks import format_ranks
 
@@ -56,6 +57,8 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
     waiting = sorted(r for r, targets in graph.edges.items() if targets)
     culprits = graph.culprits
     facts: dict = {"decided_by": graph.decided_by}
+    if graph.decided_by == ALL_RANK_CALL:
+        facts[PREMISE] = ALL_RANK_CALLS
     if graph.kind == "sink":
         who = "waits" if len(culprits) == 1 else "wait"
         last = [programs[r].last for r in culprits if programs[r].last is not None]
@@ -80,6 +83,17 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             f"{_waits(graph, programs, label_of, waiting)}"
         )
         kind, evidence_ranks = "fr.progress_stopped", culprits
+    elif graph.kind == "not_begun":
+        clauses = []
+        for rank in culprits[:8]:
+            op = programs[rank].waiting
+            clauses.append(f"rank {rank}'s device never began {op.what(label_of(rank, op.group))}")
+        message = (
+            f"{'; '.join(clauses)}, and is inside no other op: work queued before it on its GPU never ended (a "
+            "kernel that never returns, a GPU that stopped); "
+            f"{_waits(graph, programs, label_of, waiting)}"
+        )
+        kind, evidence_ranks = "fr.not_started", culprits
     elif graph.kind == "no_dump":
         missing = culprits or graph.candidates
         ends = graph.departure.get("waiting_for_it", [])

@@ -89,13 +89,19 @@ def placeholder_facts() -> Mapping[str, Any]:
 
 
 def route(
-    findings: Iterable[Finding], rules: Mapping[str, Any], *, skip_commands: tuple[str, ...] = ()
+    findings: Iterable[Finding],
+    rules: Mapping[str, Any],
+    *,
+    skip_commands: tuple[str, ...] = (),
+    env_in_effect: Mapping[str, str] | None = None,
 ) -> list[Action]:
     """The actions of `findings`, those that name the culprit first, then in the findings' order, each once.
 
     `rules` maps a finding kind to its rule. `skip_commands` drops actions whose command starts with one
-    of them: what the user has just run (`torchtriage triage` after a triage) adds nothing.
+    of them: what the user has just run (`torchtriage triage` after a triage) adds nothing. `env_in_effect`
+    drops actions that only set what the evidence shows the job already had set.
     """
+    in_effect = env_in_effect or {}
     seen: set = set()
     actions: list[Action] = []
     candidates = []
@@ -109,6 +115,8 @@ def route(
     for rule_id, template, facts in candidates:
         action = render(rule_id, template, facts)
         if action is None or (action.command or "").startswith(skip_commands):
+            continue
+        if action.env and not action.command and all(in_effect.get(k) == v for k, v in action.env.items()):
             continue
         # Rules of one family repeat a fix under their own titles (arming the flight recorder, say): an
         # action whose command and environment were already given adds nothing.

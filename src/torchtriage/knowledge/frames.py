@@ -50,6 +50,22 @@ class StackKnowledge:
     backward: tuple[str, frozenset[str]] = ("", frozenset())  # (file suffix, functions) of autograd's backward
     raised_in: tuple[tuple[tuple[str, ...], frozenset[str], str], ...] = ()  # (path fragments, functions, category)
     raised_as: dict[str, str] = field(default_factory=dict)  # exception type (last dotted name) -> category
+    # (file suffix, functions, name) of calls every rank must make (frames.toml [[all_rank_calls]])
+    all_rank_calls: tuple[tuple[str, frozenset[str], str], ...] = ()
+
+    def holds_all_rank_calls(self, path: str) -> bool:
+        """Whether the file is one that holds calls every rank must make."""
+        path = "/" + path.replace("\\", "/")
+        return any(path.endswith("/" + suffix) for suffix, _, _ in self.all_rank_calls)
+
+    def all_rank_call(self, path: str, function: str) -> str | None:
+        """The name of the call every rank must make that this frame is in, or None."""
+        path = "/" + path.replace("\\", "/")
+        name = function.rsplit(".", 1)[-1]
+        for suffix, functions, call in self.all_rank_calls:
+            if name in functions and path.endswith("/" + suffix):
+                return call
+        return None
 
     def category_raised_as(self, exception: str | None) -> str | None:
         """The category an exception's type implies, or None."""
@@ -93,7 +109,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         read_toml(path),
         path.name,
         {"libraries": TABLE, "collectives": TABLES, "gpu_waits": TABLES, "dataloader": TABLE, "locks": TABLES},
-        {"native": TABLE, "raised_in": TABLES, "raised_as": TABLES, "backward": TABLE},
+        {"native": TABLE, "raised_in": TABLES, "raised_as": TABLES, "backward": TABLE, "all_rank_calls": TABLES},
     )
     name = path.name
     libraries = check_table(data["libraries"], f"{name} [libraries]", {"packages": STRINGS, "path_patterns": STRINGS})
@@ -135,6 +151,12 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         if entry["category"] not in CATEGORIES:
             raise KnowledgeError(f"{name} [[raised_as]] #{index + 1}: unknown category {entry['category']!r}")
         raised_as |= dict.fromkeys(entry["exceptions"], entry["category"])
+    all_rank_calls = []
+    for index, raw in enumerate(data.get("all_rank_calls", [])):
+        entry = check_table(
+            raw, f"{name} [[all_rank_calls]] #{index + 1}", {"file": STRING, "functions": STRINGS, "name": STRING}
+        )
+        all_rank_calls.append((entry["file"], frozenset(entry["functions"]), entry["name"]))
     backward = check_table(data.get("backward", {"file": "", "functions": []}), f"{name} [backward]",
                            {"file": STRING, "functions": STRINGS})  # fmt: skip
     native_keys = ("work_wait", "p2p_wait", "c10d", "gpu_wait", "lock", "sleep", "store", "socket")
@@ -160,6 +182,7 @@ def load_stack_knowledge(path: Path = FRAMES_FILE) -> StackKnowledge:
         backward=(backward["file"], frozenset(backward["functions"])),
         raised_in=tuple(raised_in),
         raised_as=raised_as,
+        all_rank_calls=tuple(all_rank_calls),
     )
 
 

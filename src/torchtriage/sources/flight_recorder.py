@@ -33,7 +33,7 @@ from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
 
-from torchtriage.knowledge.frames import is_library_file
+from torchtriage.knowledge.frames import is_library_file, stack_knowledge
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
 from torchtriage.sources.fields import TextMemo, as_int, as_text, describe
@@ -106,6 +106,9 @@ class Track:
     op_ids: list[int] = field(default_factory=list)
     # all_to_all ops compare no sizes (each rank sends its own split); their totals are checked across ranks.
     a2a_numel: dict[int, tuple[int, int]] = field(default_factory=dict)  # seq -> (input numel, output numel)
+    # position -> the call every rank must make that issued the op (a checkpoint's save, a state-dict
+    # consolidation: knowledge/frames.toml [[all_rank_calls]]), for the few ops issued inside one
+    all_rank_calls: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -192,8 +195,54 @@ def _judge_frame(frame: Any) -> Frame | None:
             library = _library_file[filename] = is_library_file(filename)
         if not library:
             site = _interned(Frame(filename, _int(frame.get("line"), 0), str(frame.get("name", "?"))))
+        elif not _in_all_rank_call and _in_all_rank_call_file(filename):
+            if stack_knowledge().all_rank_call(filename, str(frame.get("name", ""))):
+                _in_all_rank_call.append(True)  # this dump has ops issued inside one: `_mark_all_rank_calls` finds them
     _site_of_frame[id(frame)] = site
     return site
+
+
+_in_all_rank_call: list[bool] = []  # per dump: a frame judged was in a call every rank must make
+_all_rank_call_file: dict[str, bool] = {}  # file name -> holds a call every rank must make? (few files do)
+
+
+def _in_all_rank_call_file(filename: str) -> bool:
+    known = _all_rank_call_file.get(filename)
+    if known is None:
+        if len(_all_rank_call_file) >= _LIBRARY_FILES_KEPT:
+            _all_rank_call_file.clear()
+        known = _all_rank_call_file[filename] = stack_knowledge().holds_all_rank_calls(filename)
+    return known
+
+
+def _all_rank_call(frames: Any) -> str | None:
+    """The outermost call every rank must make among the library frames above the user's call site (frames
+    come innermost first): the one the user called, not its helpers."""
+    found = None
+    knowledge = stack_knowledge()
+    for frame in frames if type(frames) is list else ():
+        if not isinstance(frame, dict):
+            return found
+        filename = str(frame.get("filename", ""))
+        if not is_library_file(filename):
+            return found
+        found = knowledge.all_rank_call(filename, str(frame.get("name", ""))) or found
+    return found
+
+
+def _mark_all_rank_calls(ext: _Extract, frame_col: Any) -> None:
+    """Where a frame of this dump was in a call every rank must make: the ops issued inside one, per track."""
+    if not _in_all_rank_call:
+        return
+    calls: dict[int, str | None] = {}  # id(frames list) -> its call
+    for track in ext.tracks.values():
+        for i, index in enumerate(track.indices):
+            frames = frame_col(index)
+            key = id(frames)
+            if key not in calls:
+                calls[key] = _all_rank_call(frames)
+            if calls[key] is not None:
+                track.all_rank_calls[i] = calls[key]  # type: ignore[assignment]
 
 
 _RECENT_FRAMES = 8  # distinct frame lists remembered: a training step calls its collectives from a few lines
@@ -560,6 +609,7 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: byt
     header = _read_header(data, size, rank_hint)
     entries = data.get("entries") or []
     _site_of_frame.clear()  # keyed by id(): valid only while this dump's frames are alive
+    _in_all_rank_call.clear()
     fetched = _fetch_columns(entries) if entries and type(entries) is list else None
     if fetched is not None and set(map(type, entries)) != {dict}:
         fetched = None
@@ -578,6 +628,11 @@ def parse_dump(path: str, data: dict, rank_hint: int | None, size: int, raw: byt
         ext = made.extract(entries, fetched, size)  # type: ignore[arg-type]
     else:
         ext = _extract(entries, fetched, compared)
+    if fetched is not None:
+        column = fetched[0][_COLUMN_NAMES.index("frames")]
+        _mark_all_rank_calls(ext, column.__getitem__)
+    else:
+        _mark_all_rank_calls(ext, lambda index: entries[index].get("frames"))
     first_record_id = _int(entries[0].get("record_id"), 0) if entries else None
     dump = _rank_dump(path, header, ext, len(entries), first_record_id, _past_their_timeout(ext, entries))
     if raw is not None and _byte_roles.time_for_one(entries):
@@ -740,16 +795,20 @@ class _Made(NamedTuple):
         ext = self.ext
         frames_at = _COLUMN_NAMES.index("frames")
         has_frames, sites_of = ext.has_frames, {pg: track.sites for pg, track in ext.tracks.items()}
-        if self.frames != tuple(fetched[0][frames_at]):  # the checked side first: it bounds the walk
+        same_frames = self.frames == tuple(fetched[0][frames_at])  # the checked side first: it bounds the walk
+        if not same_frames:
             frame_col = fetched[0][frames_at] = _shared_frames(fetched[0][frames_at])
             check_frames(frame_col, size)
             has_frames = any(frame_col)
             sites = _sites_of(frame_col) if has_frames else [None] * len(frame_col)
             sites_of = {pg: [sites[i] for i in track.indices] for pg, track in ext.tracks.items()}
         tracks = {
-            pg: Track(track.seqs, track.keys, track.states, sites_of[pg], track.indices, track.op_ids)
+            pg: Track(
+                track.seqs, track.keys, track.states, sites_of[pg], track.indices, track.op_ids,
+                all_rank_calls=dict(track.all_rank_calls) if same_frames else {},
+            )
             for pg, track in ext.tracks.items()
-        }
+        }  # fmt: skip
         pending = [
             (pg, seq, entries[index].get("time_created_ns") or 0, _int(entries[index].get("timeout_ms"), 0), index)
             for pg, seq, index in self.pending_at
