@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
@@ -33,21 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from sim.case import make, score  # noqa: E402  (tests/sim, put on the path above)
+from sim.case import scored  # noqa: E402  (tests/sim, put on the path above)
 
 OUTCOMES = ("right", "candidates", "imprecise", "wrong", "miss")
 
 
 def one(seed: int) -> tuple | None:
-    from torchtriage.analysis.postmortem import analyse_run, gather
-
-    case = make(seed)
-    if case is None:
+    found = scored(seed)
+    if found is None:
         return None
-    with tempfile.TemporaryDirectory() as folder:
-        case.write(Path(folder))
-        verdict = analyse_run(gather([folder])).verdict.to_json()
-    result = score(case, verdict)
+    case, result = found
     layout = case.layout.name.split("+native")[0]
     return (seed, case.departure.kind, case.backend, layout, case.truth.decidable, result.outcome,
             result.confidence, result.line)  # fmt: skip

@@ -342,6 +342,13 @@ def metered_matcher() -> MeteredMatcher:
     return _MATCHER
 
 
+def read_seed(seed: int) -> tuple[Case, bool, str, Work]:
+    """The seed's case, read in a folder of its own: (case, right, what happened, the work)."""
+    case = make(seed)
+    with tempfile.TemporaryDirectory() as folder:
+        return (case, *outcome(case, Path(folder)))
+
+
 def outcome(case: Case, folder: Path) -> tuple[bool, str, Work]:
     """(right, what happened, the work) for one case read by the real reader and rendered."""
     from torchtriage.analysis.fusion import verdict_of

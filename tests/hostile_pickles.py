@@ -30,6 +30,7 @@ import pickle
 import random
 import struct
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -250,6 +251,14 @@ def outcome(case: Case, folder: Path) -> tuple[bool, str]:
         except InputError as err:
             said = str(err)
     return "the reader stopped" not in said and "could not be sent back" not in said, said
+
+
+def read_seed(seed: int) -> tuple[Case, bool, str]:
+    """The seed's case, read in a folder of its own: (case, right, what happened)."""
+    case = make(seed)
+    with tempfile.TemporaryDirectory() as folder:
+        right, said = outcome(case, Path(folder))
+    return case, right, said
 
 
 def main() -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -39,9 +40,16 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def leftover_children() -> list[int]:
+    """This process's children but multiprocessing's resource tracker (started by the generators' pools,
+    tests/parallel.py), which lives as long as the test process and is no test's leftover."""
+    tracker = getattr(resource_tracker._resource_tracker, "_pid", None)
+    return [pid for pid in children(os.getpid()) if pid != tracker]
+
+
 def kill_leftovers() -> list[int]:
     """Kill every child of this process (and each one's process group), reap them; the pids killed."""
-    killed = children(os.getpid())
+    killed = leftover_children()
     for pid in killed:
         for kill, target in ((os.killpg, pid), (os.kill, pid)):
             try:

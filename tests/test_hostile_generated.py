@@ -2,7 +2,7 @@
 children: every case ends in records or one clear refusal from the pre-scan or the readers' checks, never
 in the child's last defence (a signal, its memory or its time), and this process lives.
 
-TORCHTRIAGE_HOSTILE_CASES seeds (default 500, about a minute on 2 cores), then every seed in
+TORCHTRIAGE_HOSTILE_CASES seeds (default 500, on every core: tests/parallel.py), then every seed in
 hostile_regressions.txt. The long run: `python tests/hostile_pickles.py --count 100000`.
 """
 
@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from hostile_pickles import FAMILIES, make, outcome
+from hostile_pickles import FAMILIES, read_seed
+from parallel import map_seeds
 
 CASES = int(os.environ.get("TORCHTRIAGE_HOSTILE_CASES", "500"))
 REGRESSIONS = [
@@ -24,14 +25,8 @@ REGRESSIONS = [
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[tuple]:
-    folder = tmp_path_factory.mktemp("hostile")
-    found = []
-    for seed in list(range(CASES)) + REGRESSIONS:
-        case = make(seed)
-        right, said = outcome(case, folder)
-        found.append((case, right, said))
-    return found
+def results() -> list[tuple]:
+    return map_seeds(read_seed, list(range(CASES)) + REGRESSIONS)
 
 
 def test_every_generated_case_is_read_or_refused_by_a_check(results):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from hostile_logs import FAMILIES, make, metered_matcher, outcome
+from hostile_logs import FAMILIES, metered_matcher, read_seed
+from parallel import map_seeds
 from torchtriage.sources.lines import normalise
 
 CASES = int(os.environ.get("TORCHTRIAGE_HOSTILE_LOG_CASES", "100"))
@@ -26,9 +27,8 @@ REGRESSIONS = [
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory) -> list[tuple]:
-    folder = tmp_path_factory.mktemp("hostile_logs")
-    return [(case, *outcome(case, folder)) for case in map(make, [*range(CASES), *REGRESSIONS])]
+def results() -> list[tuple]:
+    return map_seeds(read_seed, [*range(CASES), *REGRESSIONS])
 
 
 def test_every_generated_log_ends_in_a_verdict_or_a_refusal_within_its_work_bounds(results):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from leftovers import adopt_orphans, children, kill_leftovers
+from leftovers import adopt_orphans, kill_leftovers, leftover_children
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="child subreapers are Linux's")
@@ -16,10 +16,10 @@ def test_an_orphaned_worker_in_a_session_of_its_own_is_adopted_and_killed():
     # A launcher that starts a worker in a session of its own, then dies: the worker is orphaned.
     subprocess.run(["bash", "-c", "setsid sleep 300 </dev/null >/dev/null 2>&1 &"], check=True)
     deadline = time.monotonic() + 10
-    while not (orphans := children(os.getpid())) and time.monotonic() < deadline:
+    while not (orphans := leftover_children()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert orphans, "the orphan was not re-parented to the test process"
     assert set(kill_leftovers()) >= set(orphans)
-    assert not children(os.getpid())
+    assert not leftover_children()
     for pid in orphans:
         assert not os.path.exists(f"/proc/{pid}")

@@ -6,24 +6,24 @@ dumps beside `diagnose --pid`'s summary, the watchdog's stacks and dumps, flight
 timeout lines) written to a folder that `torchtriage diagnose` reads as a user's. The simulator knows who
 departed; the analysis only what was left behind.
 
-CI runs a sample (TORCHTRIAGE_SIM_CASES, 1000 by default, about half a minute) and every seed that ever failed
-(`sim/regressions.txt`); `benchmarks/sim_hangs.py` runs the long sample and prints the confusion per family
-and backend and the calibration of each confidence level.
+CI runs a sample (TORCHTRIAGE_SIM_CASES, 1000 by default, on every core: tests/parallel.py) and every seed
+that ever failed (`sim/regressions.txt`); `benchmarks/sim_hangs.py` runs the long sample and prints the
+confusion per family and backend and the calibration of each confidence level.
 """
 
 import os
 import random
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from sim.case import make, score
+from parallel import map_seeds
+from sim.case import diagnose, make, score
+from sim.case import scored as scored_seed
 from sim.departures import schedule
 from sim.engine import Engine
 from sim.program import generate
-from torchtriage.analysis.postmortem import analyse_run, gather
 
 SAMPLE = int(os.environ.get("TORCHTRIAGE_SIM_CASES", "1000"))
 REGRESSIONS = Path(__file__).parent / "sim" / "regressions.txt"
@@ -34,21 +34,10 @@ def regression_seeds() -> list[int]:
     return [int(line.split("#", 1)[0]) for line in lines if line.split("#", 1)[0].strip()]
 
 
-def diagnose(case) -> dict:
-    with tempfile.TemporaryDirectory() as folder:
-        case.write(Path(folder))
-        return analyse_run(gather([folder])).verdict.to_json()
-
-
 @pytest.fixture(scope="module")
 def scored():
     seeds = sorted(set(range(SAMPLE)) | set(regression_seeds()))
-    results = []
-    for seed in seeds:
-        case = make(seed)
-        if case is not None:
-            results.append((case, score(case, diagnose(case))))
-    return results
+    return [found for found in map_seeds(scored_seed, seeds) if found is not None]
 
 
 def _listed(rows) -> str:
@@ -112,9 +101,7 @@ def test_the_truth_names_the_culprit_among_its_candidates(scored):
 
 def _verdict_of(seed: int) -> tuple:
     case = make(seed)
-    with tempfile.TemporaryDirectory() as folder:
-        case.write(Path(folder))
-        verdict = analyse_run(gather([folder])).verdict.to_json()
+    verdict = diagnose(case)
     return case, verdict, score(case, verdict)
 
 

@@ -16,6 +16,7 @@ Scores:
 from __future__ import annotations
 
 import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,21 @@ def make(seed: int, backend: str | None = None, layout: str | None = None) -> Ca
     chosen = draw_layout(rng, backend, layout or rng.choice(LAYOUT_NAMES))
     truth = find(program, departure, outcome, backend, chosen)
     return Case(seed, backend, program, departure, outcome, chosen, truth)
+
+
+def diagnose(case: Case) -> dict:
+    """The verdict `diagnose` gives on the case's artifacts, as its JSON."""
+    from torchtriage.analysis.postmortem import analyse_run, gather
+
+    with tempfile.TemporaryDirectory() as folder:
+        case.write(Path(folder))
+        return analyse_run(gather([folder])).verdict.to_json()
+
+
+def scored(seed: int) -> tuple[Case, Score] | None:
+    """The seed's case and the score of its verdict; None where nothing hangs."""
+    case = make(seed)
+    return None if case is None else (case, score(case, diagnose(case)))
 
 
 @dataclass
