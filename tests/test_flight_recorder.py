@@ -234,6 +234,32 @@ def test_an_even_split_where_one_side_waits_inside_a_call_every_rank_must_make(t
     assert verdict.culprit_ranks == list(range(half)) and verdict.facts["decided_by"] == "call-site history"
 
 
+ZERO_CONSOLIDATE = [
+    ("torch/distributed/optim/zero_redundancy_optimizer.py", "_broadcast_object"),
+    ("torch/distributed/optim/zero_redundancy_optimizer.py", "consolidate_state_dict"),
+]
+
+
+@pytest.mark.parametrize(
+    ("inside", "named", "decided_by"),
+    [
+        # `if rank == 0: opt.consolidate_state_dict()`: the many skipped a call every rank must make.
+        ({0}, [1, 2, 3], "a call every rank must make"),
+        # Three consolidated, one skipped: the count and the call agree.
+        ({0, 1, 2}, [3], "majority"),
+    ],
+)
+def test_the_side_inside_a_call_every_rank_must_make_is_the_program_whatever_the_count(
+    tmp_path, inside, named, decided_by
+):
+    for rank in range(4):
+        last = _inside(ZERO_CONSOLIDATE, 5, 4) if rank in inside else entry(5)
+        write(tmp_path, rank, [*[entry(s) for s in range(1, 5)], last], world=4)
+    verdict = verdict_of(tmp_path)
+    assert (verdict.culprit_ranks, verdict.facts["decided_by"]) == (named, decided_by), verdict.summary
+    assert verdict.confidence != "high"
+
+
 def test_ring_buffer_windows_that_start_at_different_records(tmp_path):
     # Rank 0's buffer holds seqs 1-10, rank 1's only 6-10 (it wrapped); rank 2 disagrees at seq 8.
     write(tmp_path, 0, [entry(s) for s in range(1, 11)], world=3)

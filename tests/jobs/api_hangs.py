@@ -55,6 +55,8 @@ NCCL_CASES = (
     "all_gather_object_skip",
     "store_get",
     "gpu_wedged",
+    "dcp_save_skip",
+    "zero_consolidate",
 )
 NCCL_ONLY = ("gpu_wedged",)  # a GPU's stream is the point of these
 
@@ -351,7 +353,7 @@ def dcp_save_skip(rank: int, world: int, culprit: int) -> None:
     folder = os.environ.get("CKPT_DIR") or os.path.join(
         tempfile.gettempdir(), f"api_hangs_ckpt_{os.environ.get('MASTER_PORT', 'x')}"
     )
-    for step, (x, y) in enumerate(batches(rank, WARMUP_STEPS + 2)):
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
         if step == WARMUP_STEPS:
             ready(rank)
         loss = F.mse_loss(model(x), y)
@@ -374,7 +376,7 @@ def zero_consolidate(rank: int, world: int, culprit: int) -> None:
 
     model = DDP(mlp())
     opt = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.SGD, lr=LR)
-    for step, (x, y) in enumerate(batches(rank, WARMUP_STEPS + 2)):
+    for step, (x, y) in enumerate(on_device(batches(rank, WARMUP_STEPS + 2))):
         if step == WARMUP_STEPS:
             ready(rank)
         loss = F.mse_loss(model(x), y)

@@ -398,7 +398,12 @@ def _decide(
     top = ranked[0][1]
     tied = [value for value, n in ranked if n == top]
     expected: str | None
-    if len(tied) == 1:
+    inside = _inside_all_rank_call(group, seq, list(sides), sides, dumps)
+    if inside is not None and (len(tied) > 1 or tied[0] != inside):
+        # The side inside a call every rank must make is the program, whatever the count: the others skipped it
+        # (`if rank == 0:` around a state-dict consolidation leaves the many outside it).
+        expected, decided = inside, wait_for.ALL_RANK_CALL
+    elif len(tied) == 1:
         expected, decided = tied[0], "majority"
     else:
         expected, decided = _break_tie(group, seq, tied, sides, dumps, signatures)
@@ -442,9 +447,6 @@ def _break_tie(
     by_step = _against_the_step(group, seq, tied, sides, dumps)
     if by_step is not None:
         return by_step, "the group's step order"
-    inside = _inside_all_rank_call(group, seq, tied, sides, dumps)
-    if inside is not None:
-        return inside, wait_for.ALL_RANK_CALL
     if ABSENT not in tied:
         scores: dict[str, int | None] = {}
         for value in tied:
@@ -466,9 +468,10 @@ def _break_tie(
 def _inside_all_rank_call(
     group: Group, seq: int, tied: list[str], sides: dict[str, list[int]], dumps: dict[int, RankDump]
 ) -> str | None:
-    """The side whose op at `seq` was issued inside a call every rank must make (a checkpoint's save, a
-    state-dict consolidation), where the other side's was not: the other side skipped that call. Its first
-    collective is a call the side never made before, which alone would read as an extra call."""
+    """Of two sides, the one whose op at `seq` was issued inside a call every rank must make (a checkpoint's save,
+    a state-dict consolidation), where the other side's was not: the other side skipped that call. Its first
+    collective is a call the side never made before, which alone would read as an extra call, and its side may
+    be the fewer."""
     if len(tied) != 2 or ABSENT in tied:
         return None
     calls = {v: [_all_rank_call_at(dumps.get(r), group, seq) for r in sides[v]] for v in tied}
@@ -831,16 +834,17 @@ def _problems(load: LoadResult, missing_by_group: dict[str, list[int]]) -> list[
     return problems
 
 
-def _missing_dump(missing: list[int]) -> Finding:
-    return Finding(
-        "fr.missing_dump",
-        missing,
-        f"{format_ranks(missing)} wrote no dump while every rank that did agrees and waits in its last "
-        "collective: the missing ranks are the likely culprits (a hung rank often never dumps)",
-        "symptom",
-        "hang",
-        blames=True,
+def _missing_dump(missing: list[int], waiting: list[int]) -> Finding:
+    """Every dump agrees and its rank waits: a missing rank may have hung or died (a hung rank often never
+    dumps), or its dump was lost and any rank may be behind. Candidates, the missing ranks first to look at."""
+    candidates = sorted({*missing, *waiting})
+    message = (
+        f"{format_ranks(missing)} wrote no dump while every rank that did agrees and waits in its last collective: "
+        f"a rank that hung or died often never dumps, but a dump may also be lost; {format_ranks(candidates)} are "
+        f"the candidates, {format_ranks(missing)} first"
     )
+    facts = {"undecided": True, "candidates": candidates}
+    return Finding("fr.missing_dump", missing, message, "symptom", "hang", facts=facts)
 
 
 def _waiting_alike(waiting: list[int], dumps: dict[int, RankDump]) -> Finding:
@@ -935,9 +939,10 @@ def assess_dumps(load: LoadResult) -> Assessment:
             culprits, confidence = [], "low"
     compared = any(len([r for r in g.members if r in dumps]) > 1 for g in groups.values())
     waiting = _waiting_ranks(dumps)
+    missing_note = None
     if not culprits and not graph_leads and all_missing and compared and waiting:
-        findings.append(_missing_dump(all_missing))
-        culprits, confidence = all_missing, "low"
+        missing_note = _missing_dump(all_missing, waiting)
+        findings.append(missing_note)
     alike = _waiting_alike(waiting, dumps) if not findings and compared and waiting else None
     if alike is not None:
         findings.append(alike)
@@ -983,6 +988,9 @@ def assess_dumps(load: LoadResult) -> Assessment:
     if alike is not None:
         facts["candidates"] = alike.ranks
         summary = alike.message
+    elif missing_note is not None:
+        facts["candidates"] = missing_note.facts["candidates"]
+        summary = missing_note.message
     elif graph_leads:
         summary = findings[0].message
     elif unrecorded_candidates:
@@ -1075,13 +1083,13 @@ _GRAPH_CONFIDENCE = {
     "one op more than every rank that entered the new phase": "medium",
     "its own program order, seen once before": "medium",
     "the ops between its collectives, its peers keeping theirs": "high",
-    # The waits end in a rank with no dump: it died, or hangs where nothing recorded it. Its stack (or the
-    # capture's note that it has no process) confirms it.
-    "the ranks others wait for wait for it, and it left no dump": "medium",
     wait_for.PROGRESS_STOPPED: "medium",
     # Its own record says its device never began the op: what held the device before it (a kernel that never
     # returns, a kernel that waits on a peer) the dumps cannot say.
     wait_for.NOT_BEGUN: "medium",
+    # The waits end in a rank with no dump: it died, or hangs where nothing recorded it. Its stack (or the
+    # capture's note that it has no process) confirms it.
+    wait_for.NO_DUMP: "medium",
     wait_for.ALL_RANK_CALL: "medium",
 }
 

@@ -498,6 +498,7 @@ def _strongly_connected(edges: dict) -> list[list]:
 
 PROGRESS_STOPPED = "its peers completed the op its dump still lists as pending"
 NOT_BEGUN = "its device never began the op its peers wait in"
+NO_DUMP = "the ranks others wait for wait for it, and it left no dump"
 
 
 def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> WaitFor:
@@ -622,11 +623,13 @@ def _ends_without_dump(graph: WaitFor, waited: frozenset, programs: dict[int, Pr
         return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
     missing = sorted(frozenset().union(*(graph.unknown[r] for r in ends)) - programs.keys())
     graph.kind = "no_dump"
+    graph.departure = {"waiting_for_it": sorted(ends), "no_dump": missing}
     if len(missing) == 1:
-        graph.culprits, graph.decided_by = missing, "the ranks others wait for wait for it, and it left no dump"
-    else:
-        graph.candidates, graph.decided_by = missing, "undecided"
-    graph.departure = {"waiting_for_it": sorted(ends)}
+        # It died, exited or hangs where nothing recorded it. (A rank whose dump was lost while it waits in turn
+        # for a rank that waits for it reads the same: its stack, where there is one, tells them apart.)
+        graph.culprits, graph.decided_by = missing, NO_DUMP
+        return graph
+    graph.candidates, graph.decided_by = missing, "undecided"
     return graph
 
 
@@ -738,7 +741,7 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
         # evaluation, a first checkpoint): a phase the program enters on every rank, which the rest went past.
         decided = NEW_PHASE
         return by_peers, decided, detail | _issued(by_peers, following, own)
-    entered = _entered_all_rank_call(cycle, by_history, own, programs) if not by_peers else []
+    entered = _entered_all_rank_call(cycle, by_history, own, programs)
     if entered:
         # The break is a call every rank must make (a checkpoint's save): the ranks that never entered it skipped it.
         return entered, ALL_RANK_CALL, _issued(entered, following, {})

@@ -50,6 +50,15 @@ def _ends(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[in
     return clauses
 
 
+def _per_culprit(programs: dict[int, Program], label_of, culprits: list[int], clause: str) -> str:
+    """One clause per culprit (at most 8), each naming the op it waits in: `clause` with {rank} and {op}."""
+    said = []
+    for rank in culprits[:8]:
+        op = programs[rank].waiting
+        said.append(clause.format(rank=rank, op=op.what(label_of(rank, op.group))))
+    return "; ".join(said)
+
+
 def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> Finding:
     """The graph's verdict as the finding that leads: who departed, with the ops that show it.
 
@@ -73,23 +82,17 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             if last[0].site:
                 facts["site"] = last[0].site
     elif graph.kind == "stopped":
-        clauses = []
-        for rank in culprits[:8]:
-            op = programs[rank].waiting
-            clauses.append(f"rank {rank}'s dump lists {op.what(label_of(rank, op.group))} as pending")
+        clauses = _per_culprit(programs, label_of, culprits, "rank {rank}'s dump lists {op} as pending")
         message = (
-            f"{'; '.join(clauses)}, which its peers completed: its device stopped (a kernel that never returns, a "
+            f"{clauses}, which its peers completed: its device stopped (a kernel that never returns, a "
             "GPU fault) or its progress thread stopped updating its flight recorder (a wedged process); "
             f"{_waits(graph, programs, label_of, waiting)}"
         )
         kind, evidence_ranks = "fr.progress_stopped", culprits
     elif graph.kind == "not_begun":
-        clauses = []
-        for rank in culprits[:8]:
-            op = programs[rank].waiting
-            clauses.append(f"rank {rank}'s device never began {op.what(label_of(rank, op.group))}")
+        clauses = _per_culprit(programs, label_of, culprits, "rank {rank}'s device never began {op}")
         message = (
-            f"{'; '.join(clauses)}, and is inside no other op: work queued before it on its GPU never ended (a "
+            f"{clauses}, and is inside no other op: work queued before it on its GPU never ended (a "
             "kernel that never returns, a GPU that stopped); "
             f"{_waits(graph, programs, label_of, waiting)}"
         )
