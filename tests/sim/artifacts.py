@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pickle
 import random
 from dataclasses import dataclass, replace
@@ -42,13 +43,23 @@ class Layout:
     # NCCL with TORCH_NCCL_ENABLE_TIMING=1: each op's start event is recorded, so the recorder tells the op a
     # rank's device began (`started`) from the ops queued behind it (`scheduled`).
     timing: bool = False
+    # One living rank's dump lost (a dump that timed out, a node's folder never gathered): where in the ranks that
+    # dumped it falls, in [0, 1); None when every dump is there.
+    lost_at: float | None = None
 
     @property
     def name(self) -> str:
         parts = [self.stacks or "no-stacks", "dumps" if self.dumps else "", "logs" if self.logs else ""]
-        return "+".join(p for p in parts if p) + ("+timing" if self.timing else "") + ("+native" if self.native else "")
+        flags = ("+timing" if self.timing else "") + ("+lost" if self.lost_at is not None else "")
+        return "+".join(p for p in parts if p) + flags + ("+native" if self.native else "")
+
+    def lost(self, alive: list[int]) -> int | None:
+        """The rank whose dump is lost, of the ranks that dumped."""
+        return alive[int(self.lost_at * len(alive))] if self.lost_at is not None and len(alive) > 1 else None
 
 
+# The share of layouts with dumps that lose one living rank's dump (0: none; the draw is then skipped).
+LOST_DUMPS = float(os.environ.get("TORCHTRIAGE_SIM_LOST_DUMPS", "0"))
 LAYOUTS = {
     "bare": Layout("pyspy", False),
     "armed": Layout("watchdog", True),
@@ -64,7 +75,8 @@ def draw_layout(rng: random.Random, backend: str, name: str) -> Layout:
     logs = base.logs and backend == "nccl"
     item_sync = backend == "nccl" and rng.random() < 0.4
     timing = backend == "nccl" and base.dumps and rng.random() < 0.3  # drawn last: earlier seeds keep their cases
-    return Layout(base.stacks, base.dumps, logs, native, buffer, item_sync, timing)
+    lost = rng.random() if LOST_DUMPS and base.dumps and rng.random() < LOST_DUMPS else None
+    return Layout(base.stacks, base.dumps, logs, native, buffer, item_sync, timing, lost)
 
 
 def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout: Layout, rng: random.Random) -> None:
@@ -73,7 +85,8 @@ def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout
     if layout.dumps:
         where = folder / ("hang/fr" if layout.stacks == "watchdog" else "fr")
         where.mkdir(parents=True, exist_ok=True)
-        for rank in alive:
+        lost = layout.lost(alive)
+        for rank in (r for r in alive if r != lost):
             dump = fr_dump(program, outcome.ranks[rank], backend, layout.buffer, layout.timing)
             (where / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump, protocol=4))
     if layout.stacks == "pyspy":
