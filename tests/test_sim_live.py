@@ -9,7 +9,7 @@ culprit that a stack shows outside any collective is named. A rank that exits or
 gloo job under torchrun (its peers' connections close, torchrun stops the rest): such cases are reported as
 ended and read post mortem, where no survivor may be blamed.
 
-TORCHTRIAGE_SIM_LIVE_CASES seeds (default 20: the first that hang in the simulation on 2 to 4 ranks), two jobs
+TORCHTRIAGE_SIM_LIVE_CASES seeds (default 16: the first that hang in the simulation on 2 to 4 ranks), two jobs
 at a time (TORCHTRIAGE_SIM_LIVE_JOBS): about 15 s a seed on 2 cores. The folders of the cases not right are kept
 under TORCHTRIAGE_SIM_LIVE_OUT (/tmp/sim_live/test), each beside the simulated artifacts of the same case
 (`sim/`); the table of every case is `table.txt` there, with the commit and the digests of the uncommitted
@@ -31,7 +31,7 @@ from sim_live import MODES, Row, leftovers, options, provenance, report, run_all
 pytestmark = pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun is not installed")
 slow = pytest.mark.slow
 
-CASES = int(os.environ.get("TORCHTRIAGE_SIM_LIVE_CASES", "20"))
+CASES = int(os.environ.get("TORCHTRIAGE_SIM_LIVE_CASES", "16"))
 JOBS = int(os.environ.get("TORCHTRIAGE_SIM_LIVE_JOBS", "2"))
 OUT = Path(os.environ.get("TORCHTRIAGE_SIM_LIVE_OUT", "/tmp/sim_live/test"))
 DROPPED = ("right", "candidates", "ended")  # outcomes whose folders are removed (the others are kept)
