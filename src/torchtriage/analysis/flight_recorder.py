@@ -398,7 +398,7 @@ def _decide(
     top = ranked[0][1]
     tied = [value for value, n in ranked if n == top]
     expected: str | None
-    inside = _inside_all_rank_call(group, seq, list(sides), sides, dumps)
+    inside = _side_inside_all_rank_call(group, seq, sides, dumps)
     if inside is not None and (len(tied) > 1 or tied[0] != inside):
         # The side inside a call every rank must make is the program, whatever the count: the others skipped it
         # (`if rank == 0:` around a state-dict consolidation leaves the many outside it).
@@ -465,18 +465,18 @@ def _break_tie(
     return None, "undecided"
 
 
-def _inside_all_rank_call(
-    group: Group, seq: int, tied: list[str], sides: dict[str, list[int]], dumps: dict[int, RankDump]
+def _side_inside_all_rank_call(
+    group: Group, seq: int, sides: dict[str, list[int]], dumps: dict[int, RankDump]
 ) -> str | None:
     """Of two sides, the one whose op at `seq` was issued inside a call every rank must make (a checkpoint's save,
     a state-dict consolidation), where the other side's was not: the other side skipped that call. Its first
     collective is a call the side never made before, which alone would read as an extra call, and its side may
     be the fewer."""
-    if len(tied) != 2 or ABSENT in tied:
+    if len(sides) != 2 or ABSENT in sides:
         return None
-    calls = {v: [_all_rank_call_at(dumps.get(r), group, seq) for r in sides[v]] for v in tied}
-    inside = [v for v in tied if calls[v] and all(calls[v])]
-    if len(inside) != 1 or any(any(calls[v]) for v in tied if v != inside[0]):
+    calls = {v: [_all_rank_call_at(dumps.get(r), group, seq) for r in ranks] for v, ranks in sides.items()}
+    inside = [v for v in sides if calls[v] and all(calls[v])]
+    if len(inside) != 1 or any(any(calls[v]) for v in sides if v != inside[0]):
         return None
     return inside[0]
 
@@ -577,11 +577,7 @@ def _kind(sides: dict[str, list[int]], expected: str | None, signatures: dict[st
 
 
 def _entry_at(dump: RankDump, group: Group, seq: int) -> int | None:
-    track = dump.tracks.get(group.name)
-    if track is None:
-        return None
-    i = bisect.bisect_left(track.seqs, seq)
-    return i if i < len(track.seqs) and track.seqs[i] == seq else None
+    return wait_for.position_in_track(dump, group.name, seq)
 
 
 def _last_op(dump: RankDump) -> tuple[str, int] | None:

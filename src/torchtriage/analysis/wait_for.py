@@ -218,6 +218,15 @@ def records_starts(dump: RankDump) -> bool:
     return dump.backend == "nccl" and any(started >= 0 for _, started, _ in dump.pg_status.values())
 
 
+def position_in_track(dump: RankDump, group: str, seq: int) -> int | None:
+    """Where the collective of this seq stands in the rank's track of the group, or None where it has none."""
+    track = dump.tracks.get(group)
+    if track is None:
+        return None
+    at = bisect_left(track.seqs, seq)
+    return at if at < len(track.seqs) and track.seqs[at] == seq else None
+
+
 def device_never_began(dump: RankDump, op: IssuedOp) -> bool:
     """Where NCCL records starts, the rank's device never began `op` and is inside no other op: work queued
     before it on the rank's own stream never ended (a kernel that never returns, a wedged GPU), for the
@@ -225,10 +234,8 @@ def device_never_began(dump: RankDump, op: IssuedOp) -> bool:
     if op.peer is not None:
         state = op.record.state
     else:
-        track = dump.tracks.get(op.group)
-        at = bisect_left(track.seqs, op.seq) if track is not None else 0
-        found = track is not None and at < len(track.seqs) and track.seqs[at] == op.seq
-        state = track.states[at] if found else None
+        at = position_in_track(dump, op.group, op.seq)
+        state = dump.tracks[op.group].states[at] if at is not None else None
     return state == "scheduled" and records_starts(dump) and not device_inside_an_op(dump)
 
 
@@ -567,19 +574,17 @@ def _progress_stopped(programs: dict[int, Program], members_of, waited: frozense
 
 
 def _key_at(program: Program, op: IssuedOp) -> str | None:
-    track = program.dump.tracks.get(op.group)
-    at = bisect_left(track.seqs, op.seq) if track is not None else 0
-    return track.keys[at] if track is not None and at < len(track.seqs) and track.seqs[at] == op.seq else None
+    at = position_in_track(program.dump, op.group, op.seq)
+    return program.dump.tracks[op.group].keys[at] if at is not None else None
 
 
 def _completed_at(program: Program | None, op: IssuedOp, key: str | None) -> bool:
     """This rank completed the same op (comparison key) at op's seq of its group."""
-    track = program.dump.tracks.get(op.group) if program is not None else None
-    if track is None or key is None:
+    at = position_in_track(program.dump, op.group, op.seq) if program is not None and key is not None else None
+    if at is None:
         return False
-    at = bisect_left(track.seqs, op.seq)
-    found = at < len(track.seqs) and track.seqs[at] == op.seq
-    done = found and track.states[at] == "completed" and track.keys[at] == key
+    track = program.dump.tracks[op.group]
+    done = track.states[at] == "completed" and track.keys[at] == key
     return done and _seen_complete(program.dump, op.group, op.seq)
 
 
@@ -785,12 +790,8 @@ def _entered_all_rank_call(
 
 def _inside_all_rank_call(program: Program, op: IssuedOp) -> str | None:
     """The call every rank must make that issued this collective, if any."""
-    track = program.dump.tracks.get(op.group)
-    if op.peer is not None or track is None or not track.all_rank_calls:
-        return None
-    at = bisect_left(track.seqs, op.seq)
-    found = at < len(track.seqs) and track.seqs[at] == op.seq
-    return track.all_rank_calls.get(at) if found else None
+    at = position_in_track(program.dump, op.group, op.seq) if op.peer is None else None
+    return program.dump.tracks[op.group].all_rank_calls.get(at) if at is not None else None
 
 
 ONE_OP_MORE = "one op more than every rank that entered the new phase"
