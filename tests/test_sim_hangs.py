@@ -14,12 +14,14 @@ confusion per family and backend and the calibration of each confidence level.
 import os
 import random
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from parallel import map_seeds
-from sim.case import diagnose, make, score
+from sim.artifacts import living
+from sim.case import diagnose, make, score, scored_with_lost_dump
 from sim.case import scored as scored_seed
 from sim.departures import schedule
 from sim.engine import Engine
@@ -81,6 +83,37 @@ def test_the_sample_covers_every_family_and_backend(scored):
         for backend in ("gloo", "nccl"):
             assert families[(kind, backend)] >= 5, (kind, backend, families)
     assert families[("wedge", "nccl")] >= 5 and families[("stuck", "gloo")] >= 5
+
+
+LOST_DUMP_SAMPLE = range(5000, 5400)
+
+
+@pytest.fixture(scope="module")
+def scored_with_a_lost_dump():
+    return [found for found in map_seeds(scored_with_lost_dump, LOST_DUMP_SAMPLE) if found is not None]
+
+
+def test_a_living_rank_whose_dump_was_lost_is_not_blamed_where_its_stack_shows_it_waiting(scored_with_a_lost_dump):
+    """One living rank's dump lost: the waits end in it as in a rank that died. Where the stacks were taken
+    (`diagnose --pid`, `torchtriage run`) they show it alive and waiting as the others do, and the verdict
+    does not name it at high or medium unless it did with every dump there. (From the dumps alone a lost dump
+    and a dead rank read the same: docs/flight-recorder.md gives what that costs.)"""
+    stacked = [(c, s) for c, s in scored_with_a_lost_dump if c.layout.dumps and c.layout.stacks]
+    confident = [(c, s) for c, s in stacked if s.confidence in ("high", "medium") and s.named]
+    blamed_lost = [
+        (c, s)
+        for c, s in confident
+        if s.outcome == "wrong" and c.layout.lost(living(c.outcome)) in s.named and _named_with_every_dump(c) != s.named
+    ]
+    assert len(stacked) >= 100 and not blamed_lost, _listed(blamed_lost)
+    medium = [(c, s) for c, s in confident if s.confidence == "medium"]
+    right = sum(s.outcome == "right" for _, s in medium)
+    assert right >= 0.9 * len(medium), _listed([row for row in medium if row[1].outcome != "right"])
+
+
+def _named_with_every_dump(case) -> list[int]:
+    whole = replace(case, layout=replace(case.layout, lost_at=None))
+    return score(whole, diagnose(whole)).named
 
 
 # --- the simulator itself ------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -117,6 +118,22 @@ def test_real_nccl_hangs_across_groups_name_the_rank_that_departed_and_its_line(
         assert facts["cycle"] == sorted({culprit, culprit ^ 1})  # the culprit and its subgroup or stage peer
         assert facts["user_frame"]["function"] == NCCL_BUG[kind]
         assert "fr.deadlock" in [f["kind"] for f in found["findings"]]
+
+
+@pytest.mark.parametrize("case", ["early_exit_c1_4r", "skip_send_c1_4r"])
+def test_a_real_nccl_hang_with_one_waiting_ranks_dump_lost_does_not_blame_that_rank(tmp_path, case):
+    # The waits end in the rank whose dump is missing, as in a rank that died; its stack shows it alive and
+    # waiting for the GPU as the others do, so its dump was lost, not the rank: candidates, never it.
+    _, culprit, _ = truth(case)
+    for lost in sorted({0, 1, 2, 3} - {culprit}):
+        folder = tmp_path / f"lost{lost}"
+        shutil.copytree(NCCL_CROSS / case, folder)
+        (folder / "fr" / f"nccl_trace_rank_{lost}").unlink()
+        found = verdict("diagnose", folder)
+        assert lost not in found["culprit_ranks"], (lost, found["summary"])
+        assert found["culprit_ranks"] in ([], [culprit]), (lost, found["summary"])
+        if not found["culprit_ranks"]:
+            assert culprit in found["facts"]["candidates"] and found["confidence"] == "low"
 
 
 def test_a_real_nccl_recv_posted_before_its_send_is_told_by_the_order_nccl_records():

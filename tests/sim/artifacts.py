@@ -81,7 +81,7 @@ def draw_layout(rng: random.Random, backend: str, name: str) -> Layout:
 
 def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout: Layout, rng: random.Random) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    alive = [r for r, run in sorted(outcome.ranks.items()) if run.wait is not None and run.wait.kind not in _GONE]
+    alive = living(outcome)
     if layout.dumps:
         where = folder / ("hang/fr" if layout.stacks == "watchdog" else "fr")
         where.mkdir(parents=True, exist_ok=True)
@@ -116,6 +116,11 @@ def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout
 
 
 _GONE = ("dead", "exited")
+
+
+def living(outcome: Outcome) -> list[int]:
+    """The ranks still alive when the job hung: those that leave stacks and dumps."""
+    return [r for r, run in sorted(outcome.ranks.items()) if run.wait is not None and run.wait.kind not in _GONE]
 
 
 # ------------------------------------------------------------------------------------------ flight recorder

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import random
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import artifacts
@@ -76,6 +76,15 @@ def make(seed: int, backend: str | None = None, layout: str | None = None) -> Ca
     return Case(seed, backend, program, departure, outcome, chosen, truth)
 
 
+def with_lost_dump(case: Case) -> Case:
+    """The case with one living rank's flight-recorder dump lost (a dump that timed out, a node's folder never
+    gathered), where its layout writes dumps; drawn from its seed, whatever TORCHTRIAGE_SIM_LOST_DUMPS says."""
+    if not case.layout.dumps:
+        return case
+    lost_at = random.Random(f"lost-{case.seed}").random()
+    return replace(case, layout=replace(case.layout, lost_at=lost_at))
+
+
 def diagnose(case: Case) -> dict:
     """The verdict `diagnose` gives on the case's artifacts, as its JSON."""
     from torchtriage.analysis.postmortem import analyse_run, gather
@@ -89,6 +98,15 @@ def scored(seed: int) -> tuple[Case, Score] | None:
     """The seed's case and the score of its verdict; None where nothing hangs."""
     case = make(seed)
     return None if case is None else (case, score(case, diagnose(case)))
+
+
+def scored_with_lost_dump(seed: int) -> tuple[Case, Score] | None:
+    """As `scored`, with one living rank's dump lost where the case has dumps."""
+    case = make(seed)
+    if case is None:
+        return None
+    case = with_lost_dump(case)
+    return case, score(case, diagnose(case))
 
 
 @dataclass

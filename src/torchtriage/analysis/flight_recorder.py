@@ -950,6 +950,9 @@ def assess_dumps(load: LoadResult) -> Assessment:
     facts = _load_facts(load, groups, all_missing, timed_out) | wait_for_findings.facts(graph)
     if in_no_op:
         facts["in_no_op"] = in_no_op
+    if graph_leads and graph.decided_by == wait_for.NO_DUMP:
+        # Blamed for leaving no dump: a claim the stacks contradict where they show the rank alive and waiting.
+        facts["no_dump_blamed"] = list(graph.culprits)
     if unrecorded:
         facts["may_wait_unrecorded"] = {str(rank): sorted(where) for rank, where in unrecorded.items()}
     where = rank_positions(load, programs)

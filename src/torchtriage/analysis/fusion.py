@@ -74,21 +74,29 @@ def _headline(present: dict[str, Assessment]) -> Assessment:
 # send/recv the flight recorder did not record (gloo records no p2p; NCCL records an op only once its
 # communicator exists). The recorder sees such a rank "in no op" and would blame it.
 _WAITING_FOR_A_PEER = (RankState.STORE, RankState.COLLECTIVE)
+# A rank that left no dump is blamed as one that died or hangs where its recorder could not dump. A stack that
+# shows it waiting as the others do (for the GPU to finish a collective, too) says it is alive and waits: its
+# dump was lost on the way, not the rank.
+_ALIVE_AND_WAITING = (*_WAITING_FOR_A_PEER, RankState.GPU_WAIT)
 
 
 def _waits_for_another(assessment: Assessment, present: dict[str, Assessment]) -> bool:
     """The flight recorder blames ranks (or names them among candidates) for waiting in no op while their
     stacks show them waiting for another rank (in a recv, a collective it did not record, the job's store):
     they never issued the collective the others wait in because they wait themselves. The recorder's blame is
-    then the waits' aftermath, not a departure; the stacks say whom they wait for."""
+    then the waits' aftermath, not a departure; the stacks say whom they wait for. So too for the ranks it
+    blames for leaving no dump, where their stacks show them alive and waiting."""
     stacks = present.get("stacks")
     idle = assessment.facts.get("in_no_op", ())
-    if assessment.source != "flight_recorder" or stacks is None or not idle:
+    undumped = assessment.facts.get("no_dump_blamed", ())
+    if assessment.source != "flight_recorder" or stacks is None or not (idle or undumped):
         return False
-    if not set(assessment.culprits) <= set(idle):
+    if not set(assessment.culprits) <= {*idle, *undumped}:
         return False  # it blames others too, on evidence of its own
     states = stacks.facts.get("state_by_rank", {})
-    return all(states.get(str(rank)) in _WAITING_FOR_A_PEER for rank in idle)
+    return all(states.get(str(r)) in _WAITING_FOR_A_PEER for r in idle) and all(
+        states.get(str(r)) in _ALIVE_AND_WAITING for r in undumped
+    )
 
 
 def restates_a_verdict(assessment: Assessment) -> bool:
