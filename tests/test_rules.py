@@ -85,6 +85,16 @@ def test_a_phrase_other_rules_print_too_is_not_distinctive():
     assert not [e for e in events_for(line + "\n") if e.rule.category == "deepep"]
 
 
+def test_a_phrase_a_rule_tells_apart_by_its_unless_stays_distinctive():
+    # The allocator's "out of memory. Tried to allocate" is in oom.impossible_size's message too, which
+    # oom.cuda_allocator's `unless` vetoes: a cut allocator OOM still reaches its rule, an exabyte never does.
+    assert "out of memory. Tried to allocate" in MATCHER.phrases["oom.cuda_allocator"]
+    cut = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 3 has a tot"
+    assert "oom.cuda_allocator" in {e.rule.id for e in events_for(f"[rank3]:{cut}\n")}
+    exabyte = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate more than 1EB memory."
+    assert {e.rule.id for e in events_for(f"[rank3]:{exabyte}\n")} == {"oom.impossible_size"}
+
+
 def test_a_path_in_a_pattern_is_not_a_phrase():
     (rule,) = [r for r in RULES if r.id == "hang.stack_in_collective"]
     assert rule.phrases == ()  # a frame line's path locates a stack; it does not name a failure

@@ -95,6 +95,16 @@ def test_other_exceptions_are_not_attributed():
     assert done.returncode == 1 and "PRIMARY FAILURE" not in done.stderr and "ValueError" in done.stderr
 
 
+def test_an_impossible_size_is_not_attributed_as_this_ranks_oom(caplog):
+    # No GPU ran out: the size was garbage (an object collective that paired with a peer's other collective),
+    # and the rank where it arrived is not the primary failure.
+    with caplog.at_level("ERROR", logger="torchtriage.memory"):
+        with pytest.raises(torch.OutOfMemoryError):
+            with memory.oom_attribution():
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate more than 1EB memory.")
+    assert "PRIMARY FAILURE" not in caplog.text
+
+
 def test_oom_attribution_context_reports_once_and_reraises(caplog):
     with caplog.at_level("ERROR", logger="torchtriage.memory"):
         with pytest.raises(torch.OutOfMemoryError):

@@ -57,6 +57,19 @@ def test_nccl_op_mismatch_at_the_same_seq_is_reported_and_a_two_rank_tie_is_not_
     assert "torchtriage fr" in mismatch[0]["message"]
 
 
+def test_an_exabyte_allocation_in_a_skipped_checkpoint_is_not_called_an_out_of_memory():
+    # NCCL, 2 ranks: rank 1 skips DCP's save; rank 0's gather of the pickled plan sizes pairs with rank 1's next
+    # gradient all-reduce, reads its floats as sizes and asks the allocator for more than an exabyte. No GPU
+    # ran out: the ranks' collectives went out of step, and the rank that raised it is not the culprit.
+    code, verdict = triage_json(LOGS / "nccl_dcp_save_skip" / "run.log")
+    assert code == exit_codes.PROBLEM_FOUND
+    assert verdict["category"] == "hang" and verdict["culprit_ranks"] == [] and verdict["confidence"] == "low"
+    assert verdict["findings"][0]["kind"] == "oom.impossible_size"
+    assert not [f for f in verdict["findings"] if f["category"] == "oom"]
+    assert verdict["actions"][0]["title"] == "Find the rank that was in another collective"
+    assert verdict["facts"]["reporting_rank_frame"]["function"] == "dcp_save_skip"
+
+
 def test_cuda_oom_with_memory_facts():
     code, verdict = triage_json(H200 / "oom.log")
     assert (code, verdict["category"]) == (exit_codes.PROBLEM_FOUND, "oom")

@@ -149,15 +149,18 @@ def _first_match(pattern, text: str, unless: tuple, counter: SearchCounter):
 def _distinctive_phrases(rules: tuple[Rule, ...]) -> dict[str, tuple[str, ...]]:
     """Each rule's phrases that name it alone: no other rule's example holds the phrase without being
     this rule's message too (a phrase every loader prints, "cannot open shared object file", names no
-    library; a message quoted inside another, as a communicator abort quotes the watchdog's, is still it)."""
+    library; a message quoted inside another, as a communicator abort quotes the watchdog's, is still it).
+    An example the rule's `unless` vetoes after the phrase is one it already tells apart."""
     examples = [(rule.id, example) for rule in rules for example in rule.examples]
 
+    def reached(rule: Rule, phrase: str, example: str) -> bool:
+        at = example.find(phrase)
+        if at < 0 or any(p.search(example) for p in rule.patterns):
+            return False
+        return not any(veto.search(example[at:]) for veto in rule.unless)
+
     def distinctive(rule: Rule, phrase: str) -> bool:
-        return not any(
-            phrase in example and not any(p.search(example) for p in rule.patterns)
-            for owner, example in examples
-            if owner != rule.id
-        )
+        return not any(reached(rule, phrase, example) for owner, example in examples if owner != rule.id)
 
     return {rule.id: tuple(p for p in rule.phrases if distinctive(rule, p)) for rule in rules}
 

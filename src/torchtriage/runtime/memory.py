@@ -240,13 +240,19 @@ def check_memory_margin(threshold: float = MEMORY_MARGIN_FRACTION) -> bool:
 
 
 # -- OOM attribution --------------------------------------------------------------------------
+# The allocator refuses 2**60 bytes or more before asking the GPU: a size computed from garbage (an object
+# collective that read a peer's other collective as sizes), not a full GPU (knowledge rule oom.impossible_size).
+_IMPOSSIBLE_SIZE = "Tried to allocate more than 1EB"
+
+
 def _is_oom(exc: BaseException | None) -> bool:
+    """A GPU that ran out of memory: torch's OutOfMemoryError, unless the size asked for was impossible."""
     if exc is None or "torch" not in sys.modules:
         return False
     import torch
 
     oom = getattr(torch, "OutOfMemoryError", None) or getattr(torch.cuda, "OutOfMemoryError", None)
-    return oom is not None and isinstance(exc, oom)
+    return oom is not None and isinstance(exc, oom) and _IMPOSSIBLE_SIZE not in str(exc)
 
 
 def report_oom(exc: BaseException) -> str | None:
