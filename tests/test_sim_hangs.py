@@ -21,7 +21,7 @@ import pytest
 
 from parallel import map_seeds
 from sim.artifacts import living
-from sim.case import diagnose, make, score, scored_with_lost_dump
+from sim.case import diagnose, make, score, scored_with_lost_dump, with_lost_dump
 from sim.case import scored as scored_seed
 from sim.departures import schedule
 from sim.engine import Engine
@@ -109,6 +109,20 @@ def test_a_living_rank_whose_dump_was_lost_is_not_blamed_where_its_stack_shows_i
     medium = [(c, s) for c, s in confident if s.confidence == "medium"]
     right = sum(s.outcome == "right" for _, s in medium)
     assert right >= 0.9 * len(medium), _listed([row for row in medium if row[1].outcome != "right"])
+
+
+# Seeds whose lost dump (the rank at this share of those that dump) was once named at medium, its stack
+# showing it waiting (drawn with TORCHTRIAGE_SIM_LOST_DUMPS=1).
+LOST_DUMP_REGRESSIONS = {99: 0.9207642280693683, 103: 0.7577695547518469, 182: 0.005909233275440906}
+LOST_DUMP_REGRESSIONS |= {328: 0.6140333200795627, 351: 0.5361757967330185}
+
+
+@pytest.mark.parametrize("seed", sorted(LOST_DUMP_REGRESSIONS))
+def test_a_lost_dump_that_was_once_blamed_is_not(seed):
+    case = with_lost_dump(make(seed), LOST_DUMP_REGRESSIONS[seed])
+    scored = score(case, diagnose(case))
+    assert case.layout.lost(living(case.outcome)) not in scored.named, case.describe()
+    assert scored.outcome != "wrong", case.describe()
 
 
 def _named_with_every_dump(case) -> list[int]:

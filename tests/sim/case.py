@@ -76,12 +76,14 @@ def make(seed: int, backend: str | None = None, layout: str | None = None) -> Ca
     return Case(seed, backend, program, departure, outcome, chosen, truth)
 
 
-def with_lost_dump(case: Case) -> Case:
+def with_lost_dump(case: Case, lost_at: float | None = None) -> Case:
     """The case with one living rank's flight-recorder dump lost (a dump that timed out, a node's folder never
-    gathered), where its layout writes dumps; drawn from its seed, whatever TORCHTRIAGE_SIM_LOST_DUMPS says."""
+    gathered), where its layout writes dumps: the rank at `lost_at` of those that dump, else drawn from its
+    seed, whatever TORCHTRIAGE_SIM_LOST_DUMPS says."""
     if not case.layout.dumps:
         return case
-    lost_at = random.Random(f"lost-{case.seed}").random()
+    if lost_at is None:
+        lost_at = random.Random(f"lost-{case.seed}").random()
     return replace(case, layout=replace(case.layout, lost_at=lost_at))
 
 
