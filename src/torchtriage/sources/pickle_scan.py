@@ -25,7 +25,7 @@ import struct
 
 from torchtriage.sources import limits
 from torchtriage.sources.limits import LimitExceeded
-from torchtriage.sources.safe_pickle import PickleCorrupt
+from torchtriage.sources.pickle_errors import PickleCorrupt
 
 __all__ = ["scan", "check_key"]
 

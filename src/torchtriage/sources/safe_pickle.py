@@ -17,19 +17,10 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
+from torchtriage.sources.pickle_errors import PickleCorrupt, PickleError, PickleRefused
+from torchtriage.sources.pickle_scan import scan
+
 __all__ = ["PickleError", "PickleRefused", "PickleCorrupt", "safe_loads", "safe_load_file", "unpickle_with_memo"]
-
-
-class PickleError(ValueError):
-    """The data could not be unpickled safely; the message says why."""
-
-
-class PickleRefused(PickleError):
-    """The pickle names a global (a class or function), which plain data never needs."""
-
-
-class PickleCorrupt(PickleError):
-    """The pickle is empty, truncated or not a pickle at all."""
 
 
 class _PlainDataUnpickler(pickle.Unpickler):
@@ -106,8 +97,6 @@ def unpickle_with_memo(data: bytes) -> tuple[Any, dict[int, Any]]:
 def _load(data: bytes, keep_memo: bool) -> tuple[Any, dict[int, Any]]:
     if not data:
         raise PickleCorrupt("the file is empty")
-    from torchtriage.sources.pickle_scan import scan  # imports this module: imported on first use
-
     scan(data)  # what the C unpickler would build, bounded before it builds it
     try:
         with collector_paused():
