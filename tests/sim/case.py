@@ -99,15 +99,16 @@ def diagnose(case: Case) -> dict:
 def scored(seed: int) -> tuple[Case, Score] | None:
     """The seed's case and the score of its verdict; None where nothing hangs."""
     case = make(seed)
-    return None if case is None else (case, score(case, diagnose(case)))
+    return None if case is None else _scored(case)
 
 
 def scored_with_lost_dump(seed: int) -> tuple[Case, Score] | None:
     """As `scored`, with one living rank's dump lost where the case has dumps."""
     case = make(seed)
-    if case is None:
-        return None
-    case = with_lost_dump(case)
+    return None if case is None else _scored(with_lost_dump(case))
+
+
+def _scored(case: Case) -> tuple[Case, Score]:
     return case, score(case, diagnose(case))
 
 
