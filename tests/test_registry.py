@@ -112,6 +112,18 @@ def test_diagnose_of_an_empty_folder_is_no_all_clear(tmp_path):
     assert done.returncode == exit_codes.BAD_INPUT and b"nothing readable" in done.stderr
 
 
+@pytest.mark.parametrize("verb", ["diagnose", "fr"])
+def test_a_folder_of_dumps_none_of_which_reads_is_no_all_clear(tmp_path, verb):
+    # Files named and shaped as dumps, every one cut short: the flight recorder read nothing, so nothing was
+    # diagnosed, and the exit says the input, not the job.
+    dumps = FIXTURES / "fr_cross_group" / "early_exit_c7_8r" / "fr"
+    for rank in (0, 1):
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes((dumps / f"nccl_trace_rank_{rank}").read_bytes()[:100])
+    done = run_cli(verb, tmp_path)
+    assert done.returncode == exit_codes.BAD_INPUT, done.stdout
+    assert b"no flight-recorder dump could be read" in done.stderr and b"truncated" in done.stderr
+
+
 def test_diagnose_reads_snapshots_and_traces_when_that_is_all_there_is(tmp_path):
     shutil.copy(H200 / "oom_snapshot.pickle", tmp_path)
     shutil.copytree(FIXTURES / "traces" / "gloo_cpu", tmp_path / "traces")

@@ -105,7 +105,8 @@ def _flight_recorder(found: RunInputs, run: RunAnalysis, meanwhile: Callable[[],
 
     files = found.files(SourceKind.FLIGHT_RECORDER)
     # A few dumps load faster here than a pool starts; thousands are read on every core.
-    run.flight_recorder = load_dump_files(files, jobs=1 if len(files) < _POOL_FROM else None, meanwhile=meanwhile)
+    loaded = load_dump_files(files, jobs=1 if len(files) < _POOL_FROM else None, meanwhile=meanwhile)
+    run.flight_recorder = loaded.require_dumps()
     return assess_dumps(run.flight_recorder)
 
 

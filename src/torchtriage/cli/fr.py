@@ -6,7 +6,6 @@ import argparse
 
 from torchtriage import exit_codes
 from torchtriage.cli.common import add_json, add_paths, number, print_verdict, verdict_exit
-from torchtriage.errors import InputError
 from torchtriage.sources.flight_recorder import load_dumps
 
 
@@ -27,10 +26,7 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # The analysis is imported while the other processes start loading (a cold import takes tens of ms).
-    load = load_dumps(args.paths, args.jobs, meanwhile=_import_analysis)
-    if not load.dumps:
-        reasons = "\n  ".join(f"{p.path}: {p.message}" for p in load.problems) or "no input"
-        raise InputError(f"no flight-recorder dump could be read:\n  {reasons}")
+    load = load_dumps(args.paths, args.jobs, meanwhile=_import_analysis).require_dumps()
     from torchtriage.analysis.flight_recorder import build_verdict
 
     verdict = build_verdict(load)

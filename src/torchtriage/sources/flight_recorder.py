@@ -33,6 +33,7 @@ from itertools import compress, repeat
 from operator import itemgetter, methodcaller, ne
 from typing import Any, NamedTuple
 
+from torchtriage.errors import InputError
 from torchtriage.knowledge.frames import is_library_file, stack_knowledge
 from torchtriage.model import Frame, SourceKind
 from torchtriage.sources import limits
@@ -1137,6 +1138,14 @@ class LoadResult:
         if digest is None or digest not in self.ranks_text:
             return None
         return ranks_in_text(self.ranks_text[digest])
+
+    def require_dumps(self) -> LoadResult:
+        """Itself, or InputError naming why each file failed where no dump could be read: an all-clear must
+        never come from dumps nobody read."""
+        if not self.dumps:
+            reasons = "\n  ".join(f"{p.path}: {p.message}" for p in self.problems) or "no input"
+            raise InputError(f"no flight-recorder dump could be read:\n  {reasons}")
+        return self
 
 
 # Below this many files a worker pool costs more than it saves.
