@@ -5,7 +5,9 @@ Usage: python benchmarks/matcher_cost.py [--base REF] [--base-src DIR] [--size-m
 
 Writes one log of each kind (`--size-mb` each, behind torchrun's rank prefix): ordinary step lines, which the
 prefilter skips; lines that hold an anchor of a rule (each anchor of the knowledge base in turn) in text that
-is not the rule's message, so that every one reaches the matcher and matches nothing; and the rules' own
+is not the rule's message, so that every one reaches the matcher and matches nothing (a few hold a marker the
+reader follows, "Error" or torchrun's report fields, and are read in full); those of them the gate turns away
+("turned away": what an anchor in chatter costs, to compare with an ordinary line); and the rules' own
 example lines, every one a match. Checks REF (default: the commit before the matcher's sets) out into a
 temporary worktree (or takes its src folder from `--base-src`), then runs `python -m torchtriage triage LOG
 --json` from each tree in turn (A B A B ...) and prints, per log, each tree's median MB/s over the whole
@@ -46,6 +48,12 @@ def _anchors_matching_nothing() -> list[str]:
     return [line for line in lines if not matcher.match(normalise(line).text)]
 
 
+def _turned_away() -> list[str]:
+    """Of those lines, the ones the gate turns away: no marker the reader follows in them either."""
+    matcher = matcher_for()
+    return [line for line in _anchors_matching_nothing() if not matcher.could_match(line.encode())]
+
+
 def _matching() -> list[str]:
     matcher = matcher_for()
     examples = [example for rule in matcher.rules for example in rule.examples if "\n" not in example]
@@ -68,6 +76,7 @@ def _logs(where: Path, size: int) -> dict[str, Path]:
         "start-up": (),
         "ordinary": _ordinary(),
         "anchor, no match": itertools.cycle(_anchors_matching_nothing()),
+        "turned away": itertools.cycle(_turned_away()),
         "matching": itertools.cycle(_matching()),
     }
     paths = {}

@@ -262,10 +262,11 @@ SILENT_LISTED_MAX = 4096
 
 def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     """Every rank that reports lost its connection to a peer and none timed out: the peer went away first.
-    Ranks are numbered from 0, so a rank below the highest seen that appears in no line of the logs existed
-    and left no trace: it exited or was killed without an error of its own. One such rank is the culprit;
-    several are candidates; none (the highest ranks leave no trace) leaves the culprit unknown, unless the
-    job's identity records (`records.ranks_known`) say how many ranks it had."""
+    Ranks are numbered from 0, so a rank below the highest seen that appears in no line of the logs that could
+    report a failure (`records.ranks_seen`: a rule's message, a traceback, torchrun's report; its step lines and
+    chatter do not count) existed and left no trace: it exited or was killed without an error of its own. One
+    such rank is the culprit; several are candidates; none (the highest ranks leave no trace) leaves the culprit
+    unknown, unless the job's identity records (`records.ranks_known`) say how many ranks it had."""
     seen = records.ranks_seen
     if not seen:
         return [], [], {}
@@ -283,8 +284,8 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     silent = sorted(set(range(highest + 1)) - seen)
     reporting = format_ranks(sorted(seen))
     message = (
-        f"{format_ranks(silent)} appear{'s' if len(silent) == 1 else ''} in no line of the logs while {reporting} "
-        f"lost {'its' if len(seen) == 1 else 'their'} connection to a peer: "
+        f"{format_ranks(silent)} appear{'s' if len(silent) == 1 else ''} in no failure line of the logs "
+        f"while {reporting} lost {'its' if len(seen) == 1 else 'their'} connection to a peer: "
         f"{'it' if len(silent) == 1 else 'one of them'} exited or was killed without an error of its own"
     )
     role = "primary" if len(silent) == 1 else "symptom"

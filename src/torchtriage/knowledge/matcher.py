@@ -234,7 +234,8 @@ class Matcher:
             for rule in self.rules
             for text in rule.superseded_by
         }
-        self.prefilter = compile_prefilter(list(by_anchor) + list(self.superseding) + list(STRUCTURE_MARKERS))
+        self._prefilter_words = list(by_anchor) + list(self.superseding) + list(STRUCTURE_MARKERS)
+        self.prefilter = compile_prefilter(self._prefilter_words)
         self._phrase_heads = {
             rule_id: tuple((phrase, _heads_of(phrase)) for phrase in phrases)
             for rule_id, phrases in self.phrases.items()
@@ -250,9 +251,14 @@ class Matcher:
     def could_match(self, raw: bytes) -> bool:
         """False only where no rule can match the raw line `raw` and it holds none of the markers the reader
         follows besides rules (knowledge.may_match): such a line costs one call into C."""
+        gate = self.gate()
+        return gate is None or gate.could_match(raw)
+
+    def gate(self) -> Gate | None:
+        """The gate before the matcher (knowledge.may_match), built at the first call; None without RE2."""
         if not self._gate_built:
             self._gate, self._gate_built = self._build_gate(), True
-        return self._gate is None or self._gate.could_match(raw)
+        return self._gate
 
     def _build_gate(self) -> Gate | None:
         rules = [
@@ -261,7 +267,8 @@ class Matcher:
             if r.patterns
         ]
         phrases = [(phrase, heads) for heads_of in self._phrase_heads.values() for phrase, heads in heads_of]
-        return Gate.of(gate_alternatives(rules, phrases, [*self.superseding, *STRUCTURE_MARKERS]))
+        alternatives = gate_alternatives(rules, phrases, [*self.superseding, *STRUCTURE_MARKERS])
+        return Gate.of(alternatives, self._prefilter_words)
 
     def _candidates(self, text: str, encoded: bytes | None) -> dict[str, Rule]:
         """The rules whose anchors `text` holds, in the order their anchors first appear in it."""

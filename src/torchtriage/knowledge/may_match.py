@@ -17,6 +17,12 @@ The automaton reads bytes as Latin-1, so a byte is a character and ASCII classes
 rules' own compilation (RE2's `\\w`, `\\d`, `\\s` are ASCII in both). A pattern that holds a character outside
 ASCII is replaced by its rule's anchors, which every match of the rule holds. Without RE2, or where the
 automaton would not build, every line takes the full path.
+
+The same alternatives also answer for many lines at once (`BlockGate`): whether any line of a stretch could
+match, in one call into C, so that a stretch of anchor lines costs what the ordinary lines around it cost. There,
+`$` ends every line and no class takes a newline (RE2's `never_nl`), so the answer is that of each line alone;
+the routed constructs count only on a line that also holds one of the prefilter's words (alone they would stop
+at every non-ASCII line of a log).
 """
 
 from __future__ import annotations
@@ -67,6 +73,17 @@ def relaxed(pattern: str) -> str | None:
     return "".join(out)
 
 
+def block_alternatives(alternatives: list[str], words: Iterable[str]) -> list[str]:
+    """The gate's `alternatives` for a search over many lines: each routed construct only beside one of `words`
+    (the prefilter's) on the same line. A word outside ASCII is written as its UTF-8 bytes, read as Latin-1."""
+    held = "|".join(re.escape(word.encode("utf-8").decode("latin-1")) for word in sorted(set(words)))
+    routed = [
+        f"(?:{construct})[^\\n]*(?:{held})|(?:{held})[^\\n]*(?:{construct})" if held else construct
+        for construct in _ROUTED
+    ]
+    return [*(a for a in alternatives if a not in _ROUTED), *routed]
+
+
 def gate_alternatives(
     patterns_by_rule: Iterable[tuple[Iterable[str], Iterable[str]]],
     phrases: Iterable[tuple[str, Iterable[str]]],
@@ -99,30 +116,56 @@ class Gate:
     pattern, the empty one, found in every text, so that a set that gave up (one state of its automaton would
     not fit its memory) sends the line down the full path instead of dropping it."""
 
-    def __init__(self, compiled, always: int):
+    def __init__(self, compiled, always: int, block: BlockGate | None = None):
         self._compiled = compiled
         self._always = always
+        self.block = block  # the answer for many lines at once, or None: each line is asked on its own
 
     @classmethod
-    def of(cls, alternatives: list[str]) -> Gate | None:
+    def of(cls, alternatives: list[str], words: Iterable[str] = ()) -> Gate | None:
+        """The gate of `alternatives`; with the prefilter's `words`, its answer for many lines too."""
         try:
             import re2
         except ImportError:  # pragma: no cover - google-re2 is a dependency
             return None
-        options = re2.Options()
-        options.encoding = re2.Options.Encoding.LATIN1
-        options.max_mem = _GATE_MEMORY
-        options.never_capture = True
-        options.log_errors = False
-        compiled = re2.Set.SearchSet(options)
-        try:
-            compiled.Add("|".join(alternatives))
-            always = compiled.Add("")
-            compiled.Compile()
-        except re2.error:  # a pattern RE2 ran alone but not relaxed: every line takes the full path
+        compiled, always = _compiled_set(re2, "|".join(alternatives), never_nl=False)
+        if compiled is None:  # a pattern RE2 ran alone but not relaxed: every line takes the full path
             return None
-        return cls(compiled, always)
+        block, block_always = _compiled_set(re2, "(?m)" + "|".join(block_alternatives(alternatives, words)), True)
+        return cls(compiled, always, None if block is None else BlockGate(block, block_always))
 
     def could_match(self, raw: bytes) -> bool:
         found = self._compiled.Match(raw)
         return len(found) != 1 or self._always not in found
+
+
+class BlockGate:
+    """`any_could_match(lines)`: False only where no line of `lines` (whole lines, a bytes-like view) could
+    match; the same set as the gate's, with the empty pattern that tells a set that gave up."""
+
+    def __init__(self, compiled, always: int):
+        self._compiled = compiled
+        self._always = always
+
+    def any_could_match(self, lines) -> bool:
+        found = self._compiled.Match(lines)
+        return len(found) != 1 or self._always not in found
+
+
+def _compiled_set(re2, pattern: str, never_nl: bool):
+    """An RE2 set of `pattern` and the empty pattern (Latin-1, no captures), with the empty one's index; or
+    (None, -1) where RE2 will not build it."""
+    options = re2.Options()
+    options.encoding = re2.Options.Encoding.LATIN1
+    options.max_mem = _GATE_MEMORY
+    options.never_capture = True
+    options.never_nl = never_nl
+    options.log_errors = False
+    compiled = re2.Set.SearchSet(options)
+    try:
+        compiled.Add(pattern.encode("latin-1") if never_nl else pattern)
+        always = compiled.Add(b"" if never_nl else "")
+        compiled.Compile()
+    except (re2.error, UnicodeEncodeError):
+        return None, -1
+    return compiled, always

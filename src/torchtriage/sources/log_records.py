@@ -25,7 +25,7 @@ from torchtriage.sources import limits
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
-from torchtriage.sources.lines import line_rank, normalise
+from torchtriage.sources.lines import normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, Wrapping, rejoined, scan_lines
 from torchtriage.sources.registry import STDIN, Input, open_input
 
@@ -214,17 +214,19 @@ class _FileReader:
         self.ignored_at: dict[int | None, int] = {}  # rank -> the line of its last "Exception ignored in"
         self.first_event = len(records.events)
 
+    def reads_every_hit(self) -> bool:
+        """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
+        or torchrun's report is open, and any line may end it."""
+        return bool(self.open_tracebacks) or self.report_mode is not None
+
     def feed(self, line_no: int, raw: bytes) -> None:
-        decoded = raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace")
-        if not self.open_tracebacks and self.report_mode is None and not self.matcher.could_match(raw):
-            # It holds an anchor but can match nothing, and no traceback or report is open: only the census reads
-            # it, and only its rank prefixes (the rest of the peeling would cost a chatty log several times over).
-            rank = line_rank(decoded)
-            rank = rank if rank is not None else self.artifact.rank
-            if rank is not None:
-                self.records.ranks_seen.add(rank)
+        # A line that holds an anchor but can match no rule or marker says nothing of a failure: its rank is not
+        # counted among those the logs show (`ranks_seen`), whether or not the scan handed it on. Such lines are
+        # mostly skipped in C (`LineFinder`); the census must not depend on which of them were.
+        counted = self.matcher.could_match(raw)
+        if not counted and not self.reads_every_hit():
             return
-        line = normalise(decoded)
+        line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
         rank = line.rank if line.rank is not None else self.artifact.rank
         text = line.text
         in_report = self._track_report(text, line_no)
@@ -259,7 +261,7 @@ class _FileReader:
                     severity=line.severity or _level(text),
                 )
             )
-        if rank is not None:
+        if rank is not None and counted:
             self.records.ranks_seen.add(rank)
 
     def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> None:
@@ -406,7 +408,7 @@ def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_in
     reader = _FileReader(artifact, matcher, records)
     tail = Tail(tail_bytes)
     try:
-        for line_no, raw in scan_lines(stream, matcher.prefilter, tail):
+        for line_no, raw in scan_lines(stream, matcher.prefilter, tail, matcher.gate, reader.reads_every_hit):
             reader.feed(line_no, raw)
         if getattr(stream, "truncated", False):
             records.problems.append(

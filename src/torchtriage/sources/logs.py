@@ -12,9 +12,10 @@ from __future__ import annotations
 import functools
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import BinaryIO, NamedTuple
 
+from torchtriage.knowledge.may_match import Gate
 from torchtriage.knowledge.prefilter import span_search
 
 BLOCK_BYTES = 8 << 20
@@ -112,15 +113,91 @@ def _line_blocks(stream: BinaryIO) -> Iterator[bytes]:
             yield block
 
 
-def scan_lines(stream: BinaryIO, prefilter, tail: Tail | None = None) -> Iterator[tuple[int, bytes]]:
+# The stretch of lines the gate is first asked about past a line that holds a prefilter word, and the most it is
+# asked about at once: the stretch doubles while no line of it could match, so a log dense with anchor lines is
+# read in few calls, and a stretch of binary bytes (which the gate's automaton reads slowly) costs little per word
+# the prefilter finds in it.
+_GATE_FIRST = 1 << 10
+_GATE_MOST = 256 << 10
+
+
+class LineFinder:
+    """Where the next line to hand on starts: the prefilter finds a line that holds one of its words; where the
+    reader does not need every such line (`every_hit()` False), the gate (`Matcher.gate`) is asked whether
+    any line from there on could match, a stretch of lines at a time, and the first that could is found by halving
+    the stretch: the lines between cost calls into C, not a Python step each."""
+
+    def __init__(self, prefilter, gate: Callable[[], Gate | None] | None = None, every_hit=None):
+        self._literal = span_search(prefilter)  # the prefilter's first hit in a range, made once per stream
+        self._gate_of = gate  # built at the first hit: a log without one never pays for it
+        self._gate: Gate | None = None
+        self._every_hit: Callable[[], bool] = every_hit or (lambda: False)
+
+    def next_line(self, buffer: bytes, pos: int, end: int) -> int | None:
+        """The start of the next line of buffer[pos:end] (`pos` a line's start) to hand on, or None."""
+        view, size = memoryview(buffer), _GATE_FIRST
+        while True:
+            span = self._literal(buffer, pos, end)
+            if span is None:
+                return None
+            start = buffer.rfind(b"\n", 0, span[0]) + 1
+            if self._gate_of is not None:
+                self._gate, self._gate_of = self._gate_of(), None
+            if self._gate is None or self._gate.block is None or self._every_hit():
+                return start
+            pos = _line_end(buffer, span[1], end)
+            if self._gate.could_match(view[start:pos]):
+                return start  # the line itself (most hit lines of a failing job's log are read in full)
+            stop = _line_end(buffer, min(pos + size, end), end)
+            if not self._gate.block.any_could_match(view[pos:stop]):
+                pos, size = stop, min(2 * size, _GATE_MOST)
+                continue
+            pos = self._first_that_could_match(buffer, view, pos, stop)
+            # A line with no prefilter word is left as the prefilter leaves it (a message cut before its anchor
+            # can still end like a rule's phrase): the lines handed on are the same with the gate or without.
+            if self._literal(buffer, pos, _line_end(buffer, pos, end)) is not None:
+                return pos
+            pos = _line_end(buffer, pos, end)
+
+    def _first_that_could_match(self, buffer: bytes, view: memoryview, start: int, stop: int) -> int:
+        """The first line of buffer[start:stop] (whole lines, one of which could match) that could match: the
+        stretch halved at a line's end until one line is left (the first, where the set gave up on the whole)."""
+        ask = self._gate.block.any_could_match  # type: ignore[union-attr]
+        while (first_end := _line_end(buffer, start, stop)) < stop:
+            half = _line_end(buffer, (start + stop) // 2, stop)
+            half = first_end if half >= stop else half  # the middle falls in the last line
+            if ask(view[start:half]):
+                stop = half
+            else:
+                start = half
+        return start
+
+
+def _line_end(buffer: bytes, pos: int, end: int) -> int:
+    """Where the line that holds buffer[pos] ends, past its newline; `end` where none comes before it."""
+    newline = buffer.find(b"\n", pos, end)
+    return end if newline == -1 else newline + 1
+
+
+def scan_lines(
+    stream: BinaryIO,
+    prefilter,
+    tail: Tail | None = None,
+    gate: Callable[[], Gate | None] | None = None,
+    every_hit: Callable[[], bool] | None = None,
+) -> Iterator[tuple[int, bytes]]:
     """Yield (1-based line number, raw line) for each line that contains a prefilter hit; at the end,
-    fill `tail` with the stream's last bytes. A line ends at a newline or at a CR not followed by one."""
+    fill `tail` with the stream's last bytes. A line ends at a newline or at a CR not followed by one.
+
+    With `gate` (`Matcher.gate`, called at the first hit), only the lines of those that could match a rule
+    or marker are yielded, except while `every_hit()` says the reader wants each one (a traceback or torchrun's
+    report is open)."""
     carry = b""
     line_base = 1  # number of the first line in `buffer`
     width: Wrapping | None = None
     first = True
     blocks = _line_blocks(stream)
-    find = span_search(prefilter)  # the prefilter's first hit in a range, made once per stream
+    find = LineFinder(prefilter, gate, every_hit)
     while True:
         block = next(blocks, b"")
         if not block and not carry:
@@ -169,17 +246,15 @@ def scan_lines(stream: BinaryIO, prefilter, tail: Tail | None = None) -> Iterato
         tail._finish()
 
 
-def _hits(buffer: bytes, end: int, find, line_base: int, begin: int = 0) -> Iterator[tuple[int, bytes]]:
-    """The hit lines of buffer[begin:end] (`begin` a line's start, the number `line_base`); `find` is the
-    prefilter's `span_search`."""
+def _hits(buffer: bytes, end: int, find: LineFinder, line_base: int, begin: int = 0) -> Iterator[tuple[int, bytes]]:
+    """The hit lines of buffer[begin:end] (`begin` a line's start, the number `line_base`)."""
     counted_to, line_no = begin, line_base
     pos = begin
     while True:
-        span = find(buffer, pos, end)
-        if span is None:
+        start = find.next_line(buffer, pos, end)
+        if start is None:
             return
-        start = buffer.rfind(b"\n", 0, span[0]) + 1
-        stop = buffer.find(b"\n", span[1], end)
+        stop = buffer.find(b"\n", start, end)
         if stop == -1:
             stop = end
         start, stop, message = _whole_message(buffer, start, stop, end, floor=pos)
