@@ -13,10 +13,12 @@ import functools
 import re
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import BinaryIO, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
-from torchtriage.knowledge.may_match import Gate
 from torchtriage.knowledge.prefilter import span_search
+
+if TYPE_CHECKING:
+    from torchtriage.knowledge.may_match import Gate
 
 BLOCK_BYTES = 8 << 20
 # A hit line is cut to this length before matching: messages that matter are short, and a
