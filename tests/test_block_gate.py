@@ -1,4 +1,4 @@
-"""The gate asked for many lines at once (knowledge.may_match `BlockGate`, sources.logs `LineFinder`): past a line
+"""The gate asked for many lines at once (knowledge.may_match `Gate.block`, sources.logs `LineFinder`): past a line
 that holds a prefilter word, one call into C answers for a stretch of lines whether any could match a rule or a
 marker, and halving finds the first that could. Skipping the others must change nothing a user sees.
 

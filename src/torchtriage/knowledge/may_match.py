@@ -18,7 +18,7 @@ rules' own compilation (RE2's `\\w`, `\\d`, `\\s` are ASCII in both). A pattern 
 ASCII is replaced by its rule's anchors, which every match of the rule holds. Without RE2, or where the
 automaton would not build, every line takes the full path.
 
-The same alternatives also answer for many lines at once (`BlockGate`): whether any line of a stretch could
+The same alternatives also answer for many lines at once (`Gate.block`): whether any line of a stretch could
 match, in one call into C, so that a stretch of anchor lines costs what the ordinary lines around it cost. There,
 `$` ends every line and no class takes a newline (RE2's `never_nl`), so the answer is that of each line alone;
 the routed constructs count only on a line that also holds one of the prefilter's words (alone they would stop
@@ -109,52 +109,39 @@ def gate_alternatives(
 
 class Gate:
     """`could_match(raw)`: False only where no rule can match the line and no marker the reader follows is
-    in it.
+    in it; `block.could_match(lines)`: the same for every line of `lines` (whole lines, a bytes-like view).
 
     An RE2 set of one pattern: a set answers which patterns match from the automaton alone, where a search
     also asks where (a search of this automaton costs twenty times as much per line). The set holds one more
     pattern, the empty one, found in every text, so that a set that gave up (one state of its automaton would
     not fit its memory) sends the line down the full path instead of dropping it."""
 
-    def __init__(self, compiled, always: int, block: BlockGate | None = None):
+    def __init__(self, compiled, always: int, block: Gate | None = None):
         self._compiled = compiled
         self._always = always
-        self.block = block  # the answer for many lines at once, or None: each line is asked on its own
+        self.block = block  # the gate for many lines at once, or None: each line is asked on its own
 
     @classmethod
-    def of(cls, alternatives: list[str], words: Iterable[str] = ()) -> Gate | None:
-        """The gate of `alternatives`; with the prefilter's `words`, its answer for many lines too."""
+    def of(cls, alternatives: list[str], words: Iterable[str]) -> Gate | None:
+        """The gate of `alternatives`, with its gate for many lines (`words`: the prefilter's)."""
         try:
             import re2
         except ImportError:  # pragma: no cover - google-re2 is a dependency
             return None
-        compiled, always = _compiled_set(re2, "|".join(alternatives), never_nl=False)
-        if compiled is None:  # a pattern RE2 ran alone but not relaxed: every line takes the full path
+        line = _compiled_set(re2, "|".join(alternatives), never_nl=False)
+        if line is None:  # a pattern RE2 ran alone but not relaxed: every line takes the full path
             return None
-        block, block_always = _compiled_set(re2, "(?m)" + "|".join(block_alternatives(alternatives, words)), True)
-        return cls(compiled, always, None if block is None else BlockGate(block, block_always))
+        block = _compiled_set(re2, "(?m)" + "|".join(block_alternatives(alternatives, words)), never_nl=True)
+        return cls(*line, None if block is None else cls(*block))
 
-    def could_match(self, raw: bytes) -> bool:
+    def could_match(self, raw) -> bool:
         found = self._compiled.Match(raw)
         return len(found) != 1 or self._always not in found
 
 
-class BlockGate:
-    """`any_could_match(lines)`: False only where no line of `lines` (whole lines, a bytes-like view) could
-    match; the same set as the gate's, with the empty pattern that tells a set that gave up."""
-
-    def __init__(self, compiled, always: int):
-        self._compiled = compiled
-        self._always = always
-
-    def any_could_match(self, lines) -> bool:
-        found = self._compiled.Match(lines)
-        return len(found) != 1 or self._always not in found
-
-
 def _compiled_set(re2, pattern: str, never_nl: bool):
-    """An RE2 set of `pattern` and the empty pattern (Latin-1, no captures), with the empty one's index; or
-    (None, -1) where RE2 will not build it."""
+    """(an RE2 set of `pattern` and the empty pattern, read as Latin-1 with no captures, the empty one's index),
+    or None where RE2 will not build it."""
     options = re2.Options()
     options.encoding = re2.Options.Encoding.LATIN1
     options.max_mem = _GATE_MEMORY
@@ -163,9 +150,9 @@ def _compiled_set(re2, pattern: str, never_nl: bool):
     options.log_errors = False
     compiled = re2.Set.SearchSet(options)
     try:
-        compiled.Add(pattern.encode("latin-1") if never_nl else pattern)
-        always = compiled.Add(b"" if never_nl else "")
+        compiled.Add(pattern.encode("latin-1"))
+        always = compiled.Add(b"")
         compiled.Compile()
     except (re2.error, UnicodeEncodeError):
-        return None, -1
+        return None
     return compiled, always

@@ -129,7 +129,9 @@ class LineFinder:
     any line from there on could match, a stretch of lines at a time, and the first that could is found by halving
     the stretch: the lines between cost calls into C, not a Python step each."""
 
-    def __init__(self, prefilter, gate: Callable[[], Gate | None] | None = None, every_hit=None):
+    def __init__(
+        self, prefilter, gate: Callable[[], Gate | None] | None = None, every_hit: Callable[[], bool] | None = None
+    ):
         self._literal = span_search(prefilter)  # the prefilter's first hit in a range, made once per stream
         self._gate_of = gate  # built at the first hit: a log without one never pays for it
         self._gate: Gate | None = None
@@ -151,7 +153,7 @@ class LineFinder:
             if self._gate.could_match(view[start:pos]):
                 return start  # the line itself (most hit lines of a failing job's log are read in full)
             stop = _line_end(buffer, min(pos + size, end), end)
-            if not self._gate.block.any_could_match(view[pos:stop]):
+            if not self._gate.block.could_match(view[pos:stop]):
                 pos, size = stop, min(2 * size, _GATE_MOST)
                 continue
             pos = self._first_that_could_match(buffer, view, pos, stop)
@@ -164,7 +166,7 @@ class LineFinder:
     def _first_that_could_match(self, buffer: bytes, view: memoryview, start: int, stop: int) -> int:
         """The first line of buffer[start:stop] (whole lines, one of which could match) that could match: the
         stretch halved at a line's end until one line is left (the first, where the set gave up on the whole)."""
-        ask = self._gate.block.any_could_match  # type: ignore[union-attr]
+        ask = self._gate.block.could_match  # type: ignore[union-attr]
         while (first_end := _line_end(buffer, start, stop)) < stop:
             half = _line_end(buffer, (start + stop) // 2, stop)
             half = first_end if half >= stop else half  # the middle falls in the last line
