@@ -19,6 +19,7 @@ from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascad
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
+from torchtriage.analysis.fingerprints import IMPLIED
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.stall import (
@@ -489,7 +490,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
     aftermath = _aftermath(primary, candidates)
     if aftermath:
         facts["aftermath"] = aftermath
-    if blaming is not None and blaming.kind in TIMEOUT_KINDS:
+    if blaming is not None and blaming.kind in TIMEOUT_KINDS and not blaming.facts.get(IMPLIED):
         confidence = "high"  # the ranks' own records single the culprit out
     elif blaming is not None and blaming.kind == "logs.silent_rank":
         confidence = "medium"  # read from an absence: a rank whose lines carry no rank prefix looks silent too
