@@ -7,6 +7,8 @@ faulthandler (Python/traceback.c), py-spy's `dump` (src/dump.rs), gdb's `backtra
 
 import gzip
 
+import pytest
+
 from conftest import triage_json
 from torchtriage import exit_codes
 
@@ -170,6 +172,21 @@ def test_a_failure_no_rule_knows_is_not_called_a_stall(tmp_path):
     ]
     code, verdict = triage_json(write(tmp_path, "rank0.log", lines))
     assert verdict["category"] != "hang"
+
+
+@pytest.mark.parametrize(
+    "exception",
+    [
+        "torch._dynamo.exc.Unsupported: call_function UserDefinedObjectVariable(step) [] {}",
+        "triton.runtime.errors.OutOfResources: out of resource: shared memory, Required: 262144",
+        "torch.fx.experimental.symbolic_shapes.GuardOnDataDependentSymNode: Could not guard on u0 < 4",
+    ],
+)
+def test_an_exception_line_of_any_name_is_a_failure_not_a_stall(tmp_path, exception):
+    # Python prints an exception from outside builtins as its module, its class, a colon (traceback's
+    # format_exception_only), whatever the class is called.
+    code, verdict = triage_json(write(tmp_path, "rank0.log", ["step 3 loss 1.2", exception]))
+    assert verdict["category"] != "hang" and exception[:40] in verdict["summary"]
 
 
 def test_a_segfault_dump_is_a_crash_not_a_stall(tmp_path):
