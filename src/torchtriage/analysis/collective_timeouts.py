@@ -1,7 +1,7 @@
 """For a collective timeout or hang: which rank never joined the collective the others wait in.
 
 Where a rank timed out, three readings of the logs, tried in order; the first that singles someone out
-decides (TORCH_DISTRIBUTED_DEBUG=DETAIL's check, whose lines say more, is read first: analysis.fingerprints):
+decides (TORCH_DISTRIBUTED_DEBUG=DETAIL's check, whose lines say more, is read first: analysis.rank_comparisons):
 
 1. the same collective (process group, sequence number) reported with a different op or size;
 2. the watchdog's progress counters: where three or more ranks report, the minority whose last
@@ -21,10 +21,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from torchtriage.analysis.fingerprints import KIND as FINGERPRINT_KIND
-from torchtriage.analysis.fingerprints import RULE as FINGERPRINT_RULE
-from torchtriage.analysis.fingerprints import fingerprint_mismatch
 from torchtriage.analysis.positions import position_of
+from torchtriage.analysis.rank_comparisons import DETAIL_KIND, DETAIL_RULE, compared_ranks
 from torchtriage.model import Evidence, Finding, RankPosition, SourceKind
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.log_records import LogEvent, LogRecords, PyTraceback
@@ -36,7 +34,7 @@ TIMEOUT_KINDS = (
     "logs.lagging_rank",
     "logs.idle_rank",
     "logs.collective_mismatch",
-    FINGERPRINT_KIND,
+    DETAIL_KIND,
 )
 
 
@@ -146,8 +144,8 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
     }
     by_collective: dict[tuple[str, str, str], dict[int, LogEvent]] = defaultdict(dict)
     for event in events:
-        if event.rule.id == FINGERPRINT_RULE:
-            continue  # the DETAIL check's line names its printer's collective and a peer's: read in fingerprints
+        if event.rule.id == DETAIL_RULE:
+            continue  # the DETAIL check's line names its printer's collective and a peer's: read by rank_comparisons
         if event.rank is not None and "seq" in event.facts and "op" in event.facts:
             group = _group_named(event.facts) or group_of.get((event.rank, event.facts["seq"]), "")
             # A send's or recv's SeqNum counts the group's p2p ops, a collective's its collectives.
@@ -240,7 +238,8 @@ def traceback_outliers(records: LogRecords, waiting_ranks: set[int]) -> tuple[li
 def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], list[Finding], dict]:
     """The culprit ranks of a collective timeout, the findings that show it, and the facts read."""
     findings: list[Finding] = []
-    mismatch = fingerprint_mismatch(records.events) or mismatch_at_same_seq(records.events)
+    detail = compared_ranks(records.events, DETAIL_RULE, DETAIL_KIND, "hang")
+    mismatch = detail or mismatch_at_same_seq(records.events)
     if mismatch is not None:
         culprits, finding = mismatch
         findings.append(finding)

@@ -19,9 +19,9 @@ from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascad
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
-from torchtriage.analysis.fingerprints import IMPLIED
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
+from torchtriage.analysis.rank_comparisons import COMPARED, IMPLIED, compared_ranks, compares_ranks
 from torchtriage.analysis.stall import (
     LOG_STOPS,
     assess_stall,
@@ -422,6 +422,12 @@ def _assess_logs(records: LogRecords) -> Assessment:
     facts = _merge_facts(primary, related)
     facts.update(_child_failure_facts(records.child_failures))
     lead.facts.update(facts)
+    if compares_ranks(primary.event) and primary.category not in ("nccl_timeout", "hang"):
+        # The line names its printer and the first peer that differs (the hang readings read the DETAIL check's).
+        culprits, comparison = compared_ranks(records.events, primary.kind, primary.kind, primary.category)
+        findings.insert(findings.index(lead) + 1, comparison)
+        lead.message = f"{primary.title} (printed by {format_ranks(lead.ranks)})"
+        lead.ranks = comparison.ranks  # the lines' printers are witnesses, not culprits
 
     if primary.category in ("nccl_timeout", "hang"):
         waiting = {c.rank for c in same_failure if c.rank is not None}
@@ -490,7 +496,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
     aftermath = _aftermath(primary, candidates)
     if aftermath:
         facts["aftermath"] = aftermath
-    if blaming is not None and blaming.kind in TIMEOUT_KINDS and not blaming.facts.get(IMPLIED):
+    if blaming is not None and blaming.kind in TIMEOUT_KINDS:
         confidence = "high"  # the ranks' own records single the culprit out
     elif blaming is not None and blaming.kind == "logs.silent_rank":
         confidence = "medium"  # read from an absence: a rank whose lines carry no rank prefix looks silent too
@@ -498,6 +504,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
         # An exception no rule knows: its category is read from where it was raised or from its type.
         placed = culprits or primary.category != "unknown"
         confidence = "medium" if primary.role == "primary" and placed else "low"
+    if confidence == "high" and any(f.facts.get(IMPLIED) and f.ranks == culprits for f in findings):
+        confidence = "medium"  # the culprit rests on what a check's rank order implies of ranks that printed nothing
     return Assessment(
         source="logs",
         findings=findings,
@@ -545,7 +553,7 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
     """One line: what failed, with its key facts, then who started it and where."""
     detail = _summary_detail(facts)
     head = f"{primary.title} ({detail})" if detail else primary.title
-    lead = next((f for f in findings if f.kind in _BLAMING_KINDS), None)
+    lead = next((f for f in findings if f.kind in _BLAMING_KINDS or f.facts.get(COMPARED)), None)
     if lead is not None:
         return f"{head}; {lead.message}"
     if not culprits and primary.role == "primary":

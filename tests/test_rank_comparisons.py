@@ -1,11 +1,13 @@
-"""TORCH_DISTRIBUTED_DEBUG=DETAIL's collective check, read from every rank's line or from a few.
+"""Checks that compare every rank's value with the printing rank's own, read from every rank's line or from a few.
 
-The check (c10d ProcessGroupWrapper.cpp, `verify_tensors`): before each collective every rank all-gathers the
-ranks' fingerprints of it and compares them with its own in rank order; at the first that differs it raises
-"Rank <self> is running collective: <own>, but Rank <peer> is running collective: <peer's>". One line names two
-ranks, not the one that departed. `check_lines` below plays that loop for a job whose departed ranks run another
-fingerprint; the verdicts are checked against the job's truth on real recordings and on thousands of drawn jobs,
-read whole, one line at a time, and as any subset of the ranks' lines.
+Two of PyTorch's checks all-gather a value from every rank and have each rank compare them with its own in rank
+order, raising at the first that differs: TORCH_DISTRIBUTED_DEBUG=DETAIL's collective check (c10d
+ProcessGroupWrapper.cpp, `verify_tensors`: "Rank <self> is running collective: <own>, but Rank <peer> is running
+collective: <peer's>") and DDP's model check (c10d comm.cpp, `verify_params_across_processes`: "DDP expects same
+model across all ranks, but Rank <self> has <n> params, while rank <peer> has inconsistent <m> params"). One line
+names two ranks, not the one that departed. `check_lines` below plays that loop for a job whose departed ranks
+hold another value; the verdicts are checked against the job's truth on real recordings and on thousands of drawn
+jobs, read whole, one line at a time, and as any subset of the ranks' lines.
 """
 
 from __future__ import annotations
@@ -35,10 +37,14 @@ def fingerprint(seq: int, op: str, shape: list[int]) -> str:
     )
 
 
-def drawn_job(rng: random.Random) -> tuple[list[int], dict[int, str]]:
-    """A job whose departed ranks (a strict minority) run one or two other fingerprints: (departed, fingerprints)."""
+def drawn_job(rng: random.Random, check: str) -> tuple[list[int], dict[int, str]]:
+    """A job whose departed ranks (a strict minority) hold one or two other values: (departed, values)."""
     world = rng.randint(2, 24)
     departed = sorted(rng.sample(range(world), rng.randint(1, max(1, (world - 1) // 2))))
+    if check == "ddp":
+        params = rng.randint(1, 5000)
+        others = [str(rng.choice((0, params + rng.randint(1, 9), max(0, params - rng.randint(1, 9)))))]
+        return departed, {r: rng.choice(others) if r in departed else str(params) for r in range(world)}
     seq = rng.randint(0, 5000)
     healthy = fingerprint(seq, "ALLREDUCE", [rng.randint(1, 10**6)])
     others = [
@@ -54,16 +60,24 @@ def drawn_job(rng: random.Random) -> tuple[list[int], dict[int, str]]:
     return departed, {r: rng.choice(others) if r in departed else healthy for r in range(world)}
 
 
-def check_lines(fingerprints: dict[int, str]) -> dict[int, str]:
-    """Each rank's line, as the check raises it: its own fingerprint and the first rank's that differs."""
+def check_lines(check: str, values: dict[int, str]) -> dict[int, str]:
+    """Each rank's line, as the check raises it: its own value and the first rank's that differs."""
     lines = {}
-    for rank, own in fingerprints.items():
-        peer = next((r for r in sorted(fingerprints) if fingerprints[r] != own), None)
-        if peer is not None:
-            lines[rank] = (
-                f"[rank{rank}]: RuntimeError: Detected mismatch between collectives on ranks. Rank {rank} is running "
-                f"collective: {own}, but Rank {peer} is running collective: {fingerprints[peer]}."
+    for rank, own in values.items():
+        peer = next((r for r in sorted(values) if values[r] != own), None)
+        if peer is None:
+            continue
+        if check == "ddp":
+            text = (
+                f"DDP expects same model across all ranks, but Rank {rank} has {own} params, while rank {peer} has "
+                f"inconsistent {values[peer]} params."
             )
+        else:
+            text = (
+                f"Detected mismatch between collectives on ranks. Rank {rank} is running collective: {own}, but Rank "
+                f"{peer} is running collective: {values[peer]}."
+            )
+        lines[rank] = f"[rank{rank}]: RuntimeError: {text}"
     return lines
 
 
@@ -81,33 +95,34 @@ def read(lines: dict[int, str], ranks: list[int]):
     return triage_text("\n".join(lines[r] for r in ranks) + "\n", "console.log")
 
 
-def test_every_ranks_line_names_exactly_the_departed_ranks_and_two_ranks_stay_candidates():
+@pytest.mark.parametrize("check, category", [("detail", "hang"), ("ddp", "usage")])
+def test_every_ranks_line_names_exactly_the_departed_ranks_and_two_ranks_stay_candidates(check, category):
     for seed in range(CASES):
-        departed, fingerprints = drawn_job(random.Random(seed))
-        lines = check_lines(fingerprints)
+        departed, values = drawn_job(random.Random(seed), check)
+        lines = check_lines(check, values)
         ranks = list(lines)
         random.Random(-seed).shuffle(ranks)
         verdict = read(lines, ranks)
-        assert verdict.category == "hang", seed
-        if len(fingerprints) == 2:
+        assert verdict.category == category, seed
+        if len(values) == 2:
             assert verdict.culprit_ranks == [] and sorted(verdict.facts["candidates"]) == [0, 1], seed
-            assert verdict.confidence != "high", seed
         else:
             assert (verdict.culprit_ranks, verdict.confidence) == (departed, "high"), seed
 
 
-def test_one_ranks_line_alone_is_never_high_and_names_a_departed_rank_or_candidates():
+@pytest.mark.parametrize("check", ["detail", "ddp"])
+def test_one_ranks_line_alone_never_names_a_rank_at_high_and_a_healthy_ranks_line_names_a_departed_one(check):
     # Ranks below the peer a line names run the printing rank's collective: a healthy rank's line names the first
     # departed rank. A departed rank's line can make the departed look like the majority of the ranks it shows:
     # then the verdict may name a healthy rank, at medium (counted, not excluded).
     counts = Counter()
     for seed in range(CASES):
         rng = random.Random(seed)
-        departed, fingerprints = drawn_job(rng)
-        lines = check_lines(fingerprints)
+        departed, values = drawn_job(rng, check)
+        lines = check_lines(check, values)
         rank = rng.choice(sorted(lines))
         verdict = read(lines, [rank])
-        assert verdict.confidence != "high", seed
+        assert not (verdict.culprit_ranks and verdict.confidence == "high"), seed
         result = outcome(verdict, departed)
         counts[result] += 1
         if rank not in departed:
@@ -116,14 +131,15 @@ def test_one_ranks_line_alone_is_never_high_and_names_a_departed_rank_or_candida
     assert counts["wrong-medium"] <= 0.1 * medium, counts
 
 
-def test_any_subset_of_the_lines_is_right_at_its_stated_confidence():
+@pytest.mark.parametrize("check", ["detail", "ddp"])
+def test_any_subset_of_the_lines_is_right_at_its_stated_confidence(check):
     # Logs that hold only some ranks' lines (one node's of several): a majority of the ranks shown may be the
     # departed ones. Calibration holds: high right >= 99 %, medium >= 90 % (a subset of the departed counts).
     counts = Counter()
     for seed in range(CASES * 3):
         rng = random.Random(seed)
-        departed, fingerprints = drawn_job(rng)
-        lines = check_lines(fingerprints)
+        departed, values = drawn_job(rng, check)
+        lines = check_lines(check, values)
         shown = rng.sample(sorted(lines), rng.randint(1, len(lines)))
         counts[outcome(read(lines, shown), departed)] += 1
     for level, target in (("high", 0.99), ("medium", 0.90)):
