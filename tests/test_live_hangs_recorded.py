@@ -1,6 +1,8 @@
 """Real hangs written apart from every other fixture (benchmarks/live_hangs: a DataLoader-fed eval under no_grad,
 gradient accumulation under DDP's no_sync, FSDP2 without resharding after forward, a 2-stage GPipe pipeline, a 2-D
-DeviceMesh, object collectives and checkpoints in helper modules), recorded bare (what `diagnose --pid` captured)
+DeviceMesh, object collectives and checkpoints in helper modules, a NaN guard that skips a backward, an
+expert-parallel all-to-all, a gossip ring of batch_isend_irecv, tensor-parallel communicators used in turn, a
+rank-local early stop, a monitored_barrier), recorded bare (what `diagnose --pid` captured)
 and armed (what `torchtriage run`'s watchdog left), on gloo. See tests/fixtures/live_hangs/README.md.
 
 What a user relies on: the rank named is the one that departed; where the evidence cannot decide, it names
@@ -28,6 +30,11 @@ TRUTH = {
     "mesh2d_seq_parallel_pad": ([3], {("metrics.py", 12), ("mesh2d_seq_parallel_pad.py", 52)}),
     "random_step_ckpt_barrier": ([0], {("checkpointing.py", 45)}),
     "gather_object_eval": ([2], {("metrics.py", 35), ("gather_object_eval.py", 26)}),
+    "nan_loss_skip_ddp": ([1], {("nan_loss_skip_ddp.py", 47), ("nan_loss_skip_ddp.py", 53)}),
+    "moe_all_to_all_empty": ([2], {("moe_all_to_all_empty.py", 32), ("moe_all_to_all_empty.py", 68)}),
+    "ring_wrong_peer": ([1], {("ring_wrong_peer.py", 28), ("ring_wrong_peer.py", 39)}),
+    "tp_wrong_group": ([0], {("tp_wrong_group.py", 79), ("tp_wrong_group.py", 45)}),
+    "local_early_stop": ([2], {("local_early_stop.py", 57), ("local_early_stop.py", 33)}),
 }
 
 
@@ -110,3 +117,13 @@ def test_a_rank_that_left_with_os_exit_is_named_by_the_ranks_its_run_recorded():
     assert armed.culprit_ranks == [2] and armed.confidence == "medium", armed.summary
     assert armed.culprit_machines[0].pid is not None  # where it ran, from its identity record
     assert any(f.kind == "logs.silent_rank" and f.blames for f in armed.findings)
+
+
+def test_a_rank_that_never_reached_a_monitored_barrier_is_named_from_rank_0s_report():
+    """monitored_barrier_straggler: rank 1 blocks on a lock a helper never released; rank 0's
+    monitored_barrier(wait_all_ranks=True) raises "Ranks 1 failed to pass monitoredBarrier", and the job ends.
+    The report names the rank rank 0 waited for, not rank 0 that printed it, bare (the console) and armed."""
+    case = RECORDED / "monitored_barrier_straggler"
+    for mode in ("bare", "armed"):
+        verdict = diagnose_paths([str(case / mode)])
+        assert (verdict.category, verdict.culprit_ranks) == ("hang", [1]), (mode, verdict.summary)

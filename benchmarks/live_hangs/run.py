@@ -117,6 +117,36 @@ CASES = {
         ("sigkill_memory_guard.py:departure",),
         "the job's own memory guard SIGKILLs a rank staging a checkpoint; its peer waits in DDP's all-reduce",
     ),
+    "nan_loss_skip_ddp": Case(
+        "nan_loss_skip_ddp.py", 3, (1,),
+        ("nan_loss_skip_ddp.py:departure", "nan_loss_skip_ddp.py:culprit waits"),
+        "a corrupt record gives one rank a non-finite loss: it alone skips backward, hangs at the epoch's all_gather",
+    ),
+    "moe_all_to_all_empty": Case(
+        "moe_all_to_all_empty.py", 4, (2,),
+        ("moe_all_to_all_empty.py:departure", "moe_all_to_all_empty.py:culprit waits"),
+        "expert-parallel MoE: an all-padding batch returns before the all-to-alls, waits in the gradient all_reduce",
+    ),
+    "ring_wrong_peer": Case(
+        "ring_wrong_peer.py", 4, (1,),
+        ("ring_wrong_peer.py:departure", "ring_wrong_peer.py:culprit waits"),
+        "gossip SGD, hop 1 then 2: a C-style wrap-around gives rank 1 the wrong receive peer once the hop is 2",
+    ),
+    "tp_wrong_group": Case(
+        "tp_wrong_group.py", 4, (0,),
+        ("tp_wrong_group.py:departure", "tp_wrong_group.py:culprit waits"),
+        "TP communicators used in turn by iteration: rank 0's iteration jumps at its checkpoint, it picks the other",
+    ),
+    "local_early_stop": Case(
+        "local_early_stop.py", 3, (2,),
+        ("local_early_stop.py:departure", "local_early_stop.py:culprit waits"),
+        "early stop on each rank's own validation loss: the culprit breaks to the final barrier, peers train on",
+    ),
+    "monitored_barrier_straggler": Case(
+        "monitored_barrier_straggler.py", 3, (1,),
+        ("monitored_barrier_straggler.py:departure",),
+        "a cache lock kept by an early return: the culprit blocks in acquire, rank 0's monitored_barrier raises",
+    ),
 }  # fmt: skip
 
 MODES = ("bare", "armed")
