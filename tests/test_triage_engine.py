@@ -197,6 +197,31 @@ def test_the_ranks_a_report_names_as_behind_are_the_culprits(tmp_path):
     assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2])
 
 
+def _watchdog_timeout(rank: int, seq: int) -> str:
+    return (
+        f"[rank{rank}]:[E1203 10:00:0{rank}.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "
+        f"collective operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, NumelIn=1024, NumelOut=1024, "
+        "Timeout(ms)=600000) ran for 600005 milliseconds before timing out."
+    )
+
+
+def test_the_desync_report_blames_the_ranks_that_did_not_join_not_those_inside_the_collective(tmp_path):
+    # TraceUtils.h, analyzeLaggingRanks: at the earliest collective, the ranks that "joined but didn't finish" wait
+    # inside it; the one that "finished #47, but didn't join #48" is the one they wait for.
+    report = [
+        "\t - To our best knowledge, the lagging/dead/mismatched ranks that caused the desync are:",
+        "\t   - [0, 1, 3] joined but didn't finish collective #48 (count from 1)",
+        "\t     [2] finished collective #47, but didn't join collective #48 (count from 1)",
+    ]
+    lines = [_watchdog_timeout(r, 48) for r in (0, 1, 3)] + report
+    code, verdict = triage_json(write(tmp_path, "desync.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_timeout", [2])
+    # Every rank inside it: none lagged, and no rank is blamed for the collective that never completed.
+    lines = [_watchdog_timeout(r, 39) for r in range(4)] + [report[0], report[1].replace("0, 1, 3", "0, 1, 2, 3")]
+    code, verdict = triage_json(write(tmp_path, "desync_all.log", lines))
+    assert verdict["category"] == "nccl_timeout" and verdict["culprit_ranks"] == []
+
+
 def test_an_exception_no_rule_knows_takes_the_category_of_its_type_with_medium_confidence(tmp_path):
     lines = [
         "[rank1]: Traceback (most recent call last):",
