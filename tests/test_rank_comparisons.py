@@ -147,6 +147,27 @@ def test_any_subset_of_the_lines_is_right_at_its_stated_confidence(check):
         assert counts[f"wrong-{level}"] <= (1 - target) * said, counts
 
 
+def test_on_a_subgroup_the_ranks_named_are_the_jobs_and_a_rank_no_prefix_places_is_not_named():
+    # The check numbers ranks in the group it compared ("Rank 1" of a group of ranks 4-7); a launcher's prefix
+    # numbers them in the job. A departed rank whose own line gives its prefix is named in the job's numbering; one
+    # only a peer's line shows is not named at all (a group rank is not a rank of the job).
+    for seed in range(CASES):
+        rng = random.Random(seed)
+        departed, values = drawn_job(rng, "detail")
+        offset = rng.randint(1, 64)
+        lines = {
+            g: line.replace(f"[rank{g}]:", f"[rank{g + offset}]:", 1)
+            for g, line in check_lines("detail", values).items()
+        }
+        shown = sorted(lines) if rng.random() < 0.5 else rng.sample(sorted(lines), rng.randint(1, len(lines)))
+        verdict = read(lines, shown)
+        in_job = {d + offset for d in departed}
+        assert set(verdict.culprit_ranks) <= in_job, (seed, verdict.culprit_ranks)
+        assert set(verdict.facts.get("candidates") or []) <= {g + offset for g in shown} | in_job, seed
+        if shown == sorted(lines) and len(values) > 2:
+            assert sorted(verdict.culprit_ranks) == sorted(in_job), seed
+
+
 @pytest.mark.parametrize(
     "case, culprits, candidates, high",
     [("detail_mismatch_4ranks", [2], None, True), ("detail_mismatch_2ranks", [], [0, 1], False)],

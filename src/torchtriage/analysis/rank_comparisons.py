@@ -11,8 +11,9 @@ of them departed: the rank that prints it may be the odd one or any of the other
 numbered below the peer has the printing rank's value (the comparison stopped at the peer).
 
 Every rank whose value differs from another's prints such a line, so with the lines of several ranks the ranks
-outside the value that more than half of the job's ranks have departed (the job has at least as many ranks as
-its lines show; where no value has that many, no side is named). Decided from the ranks' own values (three ranks
+outside the value that more than half of the group's ranks have departed (the group has at least as many ranks as
+its lines show; where no value has that many, no side is named). Ranks are those of the group the check compared
+(the check's own "Rank N", not a launcher's prefix). Decided from the ranks' own values (three ranks
 or more printing theirs), the finding blames; decided only with what the comparison order implies, its fact
 `implied` says so and the verdict is medium at most; an even split names both sides as candidates. Where the
 logs hold only some ranks' lines and the departed are most of those, a majority of the ranks shown is not one of
@@ -46,7 +47,14 @@ _FINGERPRINT = (("", re.compile(r"OpType=(\w+)")), ("seq ", re.compile(r"Sequenc
 
 def compares_ranks(event: LogEvent | None) -> bool:
     """Whether a line names a peer whose value differs from its printer's (a rule capturing `peer_rank`)."""
-    return event is not None and event.rank is not None and "peer_rank" in event.facts and "value" in event.facts
+    return event is not None and _printer(event) is not None and "peer_rank" in event.facts and "value" in event.facts
+
+
+def _printer(event: LogEvent) -> int | None:
+    """The rank that printed a check's line, numbered as its peer is: in the compared group (`group_rank`, the
+    check's own "Rank N"), else the line's rank (a launcher's prefix numbers ranks in the world)."""
+    group_rank = as_int(event.facts.get("group_rank"), None) if event.facts.get("group_rank") else None
+    return group_rank if group_rank is not None else event.rank
 
 
 def _shown(value: str) -> str:
@@ -66,14 +74,14 @@ def values_by_rank(lines: list[LogEvent]) -> tuple[dict[int, str], dict[int, str
     told: dict[int, str] = {}
     implied = 0  # the ranks below this one are told already (or print their own): the first line to imply one wins
     for event in lines:
-        peer = as_int(event.facts["peer_rank"], None)
-        if peer is None or event.rank is None:
+        peer, printer = as_int(event.facts["peer_rank"], None), _printer(event)
+        if peer is None or printer is None:
             continue
         mine, theirs = _normal(event.facts["value"]), _normal(event.facts.get("peer_value", ""))
-        own.setdefault(event.rank, mine)
+        own.setdefault(printer, mine)
         told.setdefault(peer, theirs)
         below = min(peer, _IMPLIED_MAX)
-        told.update((rank, mine) for rank in range(implied, below) if rank != event.rank and rank not in told)
+        told.update((rank, mine) for rank in range(implied, below) if rank != printer and rank not in told)
         implied = max(implied, below)
     return own, told
 
@@ -90,31 +98,50 @@ def _minority(values: dict[int, str], ranks: int) -> list[int]:
     return sorted(set(values) - set(leading))
 
 
+def _in_world(lines: list[LogEvent]) -> dict[int, int] | None:
+    """Each printing rank's rank in the job, by its group rank; None where the lines say nothing of a subgroup
+    (no line's prefix rank differs from the check's own)."""
+    world = {_printer(e): e.rank for e in lines if e.rank is not None}
+    return world if any(group != rank for group, rank in world.items()) else None
+
+
 def compared_ranks(events: list[LogEvent], rule_id: str, kind: str, category: str) -> tuple[list[int], Finding] | None:
-    """Who departed, from the lines of rule `rule_id` that name a peer; None where none does."""
+    """Who departed, from the lines of rule `rule_id` that name a peer; None where none does. On a subgroup, ranks
+    are named in the job where the lines' prefixes give them, and a rank no prefix places is not named."""
     lines = [e for e in events if e.rule.id == rule_id and compares_ranks(e)]
     own, told = values_by_rank(lines)
     if not own:
         return None
     values = told | own
-    # The job has at least as many ranks as any line shows: a majority is of those, not of the lines read.
-    ranks = max(max(values), max((e.rank for e in events if e.rank is not None), default=0)) + 1
+    # The group has at least as many ranks as its lines show: a majority is of those, not of the lines read.
+    ranks = max(values) + 1
     culprits = _minority(values, ranks)
     by_own = len(own) >= 3 and _minority(own, ranks) == culprits
     groups: dict[str, list[int]] = defaultdict(list)
     for rank, value in sorted(values.items()):
         groups[value].append(rank)
-    described = "; ".join(f"{format_ranks(members)}: {_shown(value)}" for value, members in groups.items())
-    shown = sorted(lines, key=lambda e: e.rank not in culprits)[:_MAX_EVIDENCE]  # the departed ranks' own first
+    world = _in_world(lines)
+    where = " (ranks of the group the check compared)" if world else ""
+    described = "; ".join(f"{format_ranks(members)}: {_shown(value)}" for value, members in groups.items()) + where
+    shown = sorted(lines, key=lambda e: _printer(e) not in culprits)[:_MAX_EVIDENCE]  # the departed ranks' own first
     evidence = [Evidence("log", e.file, e.line, e.rank, e.text[:500]) for e in shown]
-    if not culprits:
+    named = culprits if world is None else [world[r] for r in culprits if r in world]
+    if not culprits or len(named) < len(culprits):
         message = (
             f"the check found ranks that differ ({described}): each line names the rank that printed it and the "
             "first peer that differs, not which one departed, and no side is the larger"
+            if not culprits
+            else f"by rank: {described} — {format_ranks(culprits)} of the group departed, and the lines do not say "
+            "which ranks of the job that is"
         )
+        suspects = culprits or sorted(values)
+        if world is None:
+            candidates = suspects
+        else:  # in the job's numbering, or none where a suspect's is unknown
+            candidates = sorted(world[r] for r in suspects) if all(r in world for r in suspects) else []
         facts = {COMPARED: True, "undecided": True}
-        return [], Finding(kind, sorted(values), message, "symptom", category, evidence, facts)
+        return [], Finding(kind, candidates, message, "symptom", category, evidence, facts)
     basis = "as each rank printed its own" if by_own else "as the lines show them and the check's rank order implies"
-    message = f"by rank, {basis}: {described} — {format_ranks(culprits)} departed from the others"
+    message = f"by rank, {basis}: {described} — {format_ranks(sorted(named))} departed from the others"
     facts = {COMPARED: True} if by_own else {COMPARED: True, IMPLIED: True}
-    return culprits, Finding(kind, culprits, message, "primary", category, evidence, facts)
+    return sorted(named), Finding(kind, sorted(named), message, "primary", category, evidence, facts)
