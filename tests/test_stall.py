@@ -189,6 +189,11 @@ def test_an_exception_line_of_any_name_is_a_failure_not_a_stall(tmp_path, except
     assert verdict["category"] != "hang" and exception[:40] in verdict["summary"]
 
 
+def test_a_timing_line_named_like_a_class_is_where_a_log_stopped_not_a_failure(tmp_path):
+    code, verdict = triage_json(write(tmp_path, "rank0.log", ["step 3 loss 1.2", "Trainer.Step: 1.2 s"]))
+    assert verdict["category"] == "hang" and verdict["confidence"] != "high"
+
+
 def test_a_segfault_dump_is_a_crash_not_a_stall(tmp_path):
     lines = [
         "step 3 loss 1.2",
