@@ -197,6 +197,25 @@ def test_the_ranks_a_report_names_as_behind_are_the_culprits(tmp_path):
     assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2])
 
 
+def test_a_rank_that_waited_for_others_is_not_named_for_reporting_it(tmp_path):
+    # Rules marked printer_waits: the printing rank timed out waiting (a store-based barrier, a store key, the NCCL
+    # unique id from rank 0), so it reports the failure; the ranks the line names as missing are the culprits.
+    from torchtriage.knowledge.rules import default_rules
+
+    waiting = [r for r in default_rules() if r.printer_waits]
+    assert len(waiting) >= 8
+    for rule in waiting:
+        for example in rule.examples:
+            code, verdict = triage_json(write(tmp_path, "rank3.log", [f"[rank3]: {example}"]))
+            assert 3 not in verdict["culprit_ranks"], (rule.id, example)
+    barrier = (
+        "torch.distributed.DistStoreError: Timed out waiting on barrier on rank 0, for key prefix: torchelastic/agent/"
+        "terminal_state (world_size=4, missing_ranks=[rank 2 (node-2), rank 3 (node-3)], timeout=300)"
+    )
+    code, verdict = triage_json(write(tmp_path, "agent.log", [barrier]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("rendezvous", [2, 3])
+
+
 def _watchdog_timeout(rank: int, seq: int) -> str:
     return (
         f"[rank{rank}]:[E1203 10:00:0{rank}.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "

@@ -12,6 +12,7 @@ Pure: takes `LogRecords`, returns a `Verdict`. The order of reasoning:
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -303,9 +304,14 @@ def _merge_facts(primary: _Candidate, related: list[LogEvent]) -> dict:
     return facts
 
 
+# One rank of a list a report prints: "5", or torch elastic's "rank 5 (node-2)" (its rank decoder's form).
+_LISTED_RANK = re.compile(r"(?:rank\s*)?(\d{1,7})(?:\s*\(.*\))?")
+
+
 def _rank_numbers(text: str) -> list[int]:
     parts = [p.strip() for p in text.replace(";", ",").split(",")]
-    return sorted({int(p) for p in parts if p.isascii() and p.isdigit() and len(p) <= 7})
+    listed = (_LISTED_RANK.fullmatch(p) for p in parts if p.isascii())
+    return sorted({int(m.group(1)) for m in listed if m})
 
 
 def _ranks_the_lines_name(
@@ -328,6 +334,15 @@ def _ranks_the_lines_name(
             if missing:
                 return missing, c.kind
     return [], None
+
+
+def _printer_waits(candidate: _Candidate) -> bool:
+    """Whether a line's rank is the rank that printed it while it waited for another (knowledge: `printer_waits`),
+    not one the line names (`rank_fact`)."""
+    rule = candidate.event.rule if candidate.event is not None else None
+    if rule is None or not rule.printer_waits:
+        return False
+    return not (rule.rank_fact and rule.rank_fact in candidate.event.facts)
 
 
 def _child_failure_facts(failures: list[ChildFailure]) -> dict:
@@ -410,7 +425,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
 
     primary, order_basis = _pick_primary(candidates)
     same_failure = [c for c in candidates if c.kind == primary.kind and c.role == primary.role]
-    culprits = _rank_list({c.rank for c in same_failure})
+    culprits = _rank_list({c.rank for c in same_failure if not _printer_waits(c)})
     if not culprits and primary.role == "primary":
         # One event, two lines: a kernel's assertion prints no rank, the `[rank1]: ... device-side assert
         # triggered` after it does.

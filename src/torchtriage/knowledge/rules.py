@@ -59,6 +59,7 @@ _OPTIONAL = {
     "rank_fact": STRING,
     "ratio": TABLE,
     "ending": BOOLEAN,
+    "printer_waits": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -102,6 +103,10 @@ class Rule:
     # same rank printed a failure of its own, the ending is that failure's aftermath (a Python error's exit
     # that aborts in a C++ destructor, a watchdog's throw that ends in abort()), not a failure of its own.
     ending: bool = False
+    # The rank that prints the line waits there for another rank or for the store's host (a barrier that timed
+    # out, a key never set, a store it cannot reach): it reports the failure, it is not where the failure is.
+    # Such a line names no culprit by its printer (a rank_fact it captures still names one).
+    printer_waits: bool = False
 
     def accepts(self, facts: dict[str, str]) -> bool:
         """Whether a matching line's facts meet the rule's condition, if it has one."""
@@ -241,6 +246,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         file=file,
         phrases=_phrases(raw.get("patterns", [])),
         ending=bool(raw.get("ending", False)),
+        printer_waits=bool(raw.get("printer_waits", False)),
     )
 
 
