@@ -336,6 +336,20 @@ def _ranks_the_lines_name(
     return [], None
 
 
+def _compared_ranks(
+    primary: _Candidate, lead: Finding, findings: list[Finding], records: LogRecords
+) -> list[int] | None:
+    """The culprits of a check that compared every rank's value with its printer's (DDP's model check), its reading
+    added after `lead`; None where the primary line is no such check's (the hang readings read the DETAIL check's)."""
+    if not compares_ranks(primary.event) or primary.category in ("nccl_timeout", "hang"):
+        return None
+    culprits, comparison = compared_ranks(records.events, primary.kind, primary.kind, primary.category)
+    findings.insert(findings.index(lead) + 1, comparison)
+    lead.message = f"{primary.title} (printed by {format_ranks(lead.ranks)})"
+    lead.ranks = comparison.ranks  # the lines' printers are witnesses, not culprits
+    return culprits
+
+
 def _printer_waits(candidate: _Candidate) -> bool:
     """Whether a line's rank is the rank that printed it while it waited for another (knowledge: `printer_waits`),
     not one the line names (`rank_fact`)."""
@@ -437,12 +451,9 @@ def _assess_logs(records: LogRecords) -> Assessment:
     facts = _merge_facts(primary, related)
     facts.update(_child_failure_facts(records.child_failures))
     lead.facts.update(facts)
-    if compares_ranks(primary.event) and primary.category not in ("nccl_timeout", "hang"):
-        # The line names its printer and the first peer that differs (the hang readings read the DETAIL check's).
-        culprits, comparison = compared_ranks(records.events, primary.kind, primary.kind, primary.category)
-        findings.insert(findings.index(lead) + 1, comparison)
-        lead.message = f"{primary.title} (printed by {format_ranks(lead.ranks)})"
-        lead.ranks = comparison.ranks  # the lines' printers are witnesses, not culprits
+    compared = _compared_ranks(primary, lead, findings, records)
+    if compared is not None:
+        culprits = compared
 
     if primary.category in ("nccl_timeout", "hang"):
         waiting = {c.rank for c in same_failure if c.rank is not None}
