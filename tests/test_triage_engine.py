@@ -216,6 +216,28 @@ def test_a_rank_that_waited_for_others_is_not_named_for_reporting_it(tmp_path):
     assert (verdict["category"], verdict["culprit_ranks"]) == ("rendezvous", [2, 3])
 
 
+def _remote_error(rank: int) -> str:
+    return (
+        f"[rank{rank}]:[E1203 10:00:00.000000000 ProcessGroupNCCL.cpp:1895] [PG ID 0 PG GUID 0(default_pg) Rank "
+        f"{rank}] Process group watchdog thread terminated with exception: NCCL error: remote process exited or there "
+        "was a network error, NCCL version 2.21.5"
+    )
+
+
+def test_ranks_that_lost_a_peer_are_not_named_the_rank_that_left_is(tmp_path):
+    # ncclRemoteError (printer_lost_peer): each reporting rank lost a peer. Rank 6 printed nothing: it left first.
+    lines = [_remote_error(r) for r in (0, 1, 2, 3, 4, 5, 7)]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"], verdict["confidence"]) == ("nccl_transport", [6], "medium")
+    # One rank's lines alone name nobody: an excerpt, or its own link.
+    code, verdict = triage_json(write(tmp_path, "rank4.log", [_remote_error(4)]))
+    assert verdict["culprit_ranks"] == []
+    # A peer that ran out of memory left first: its failure is the verdict, the lost connections its aftermath.
+    oom = "[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 2 has a total capacity"
+    code, verdict = triage_json(write(tmp_path, "oom.log", [_remote_error(r) for r in (0, 1, 3)] + [oom]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])
+
+
 def _watchdog_timeout(rank: int, seq: int) -> str:
     return (
         f"[rank{rank}]:[E1203 10:00:0{rank}.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "

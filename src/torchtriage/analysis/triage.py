@@ -351,10 +351,10 @@ def _compared_ranks(
 
 
 def _printer_waits(candidate: _Candidate) -> bool:
-    """Whether a line's rank is the rank that printed it while it waited for another (knowledge: `printer_waits`),
-    not one the line names (`rank_fact`)."""
+    """Whether a line's rank is the rank that printed it while it waited for another or lost a peer (knowledge:
+    `printer_waits`, `printer_lost_peer`), not one the line names (`rank_fact`)."""
     rule = candidate.event.rule if candidate.event is not None else None
-    if rule is None or not rule.printer_waits:
+    if rule is None or not (rule.printer_waits or rule.printer_lost_peer):
         return False
     return not (rule.rank_fact and rule.rank_fact in candidate.event.facts)
 
@@ -454,6 +454,15 @@ def _assess_logs(records: LogRecords) -> Assessment:
     compared = _compared_ranks(primary, lead, findings, records)
     if compared is not None:
         culprits = compared
+
+    lost_peer = primary.event is not None and primary.event.rule.printer_lost_peer
+    reporters = {c.rank for c in same_failure if c.rank is not None}
+    if lost_peer and not culprits and len(reporters) > 1 and primary.category not in ("nccl_timeout", "hang"):
+        # Every rank that reports lost a peer: the one that left first appears in no failure line (one rank's
+        # lines alone are as likely an excerpt, or a link of its own).
+        culprits, lost_findings, lost_facts = silent_ranks(records)
+        facts.update(lost_facts)
+        findings[0:0] = lost_findings
 
     if primary.category in ("nccl_timeout", "hang"):
         waiting = {c.rank for c in same_failure if c.rank is not None}

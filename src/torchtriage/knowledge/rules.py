@@ -60,6 +60,7 @@ _OPTIONAL = {
     "ratio": TABLE,
     "ending": BOOLEAN,
     "printer_waits": BOOLEAN,
+    "printer_lost_peer": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -107,6 +108,9 @@ class Rule:
     # out, a key never set, a store it cannot reach): it reports the failure, it is not where the failure is.
     # Such a line names no culprit by its printer (a rank_fact it captures still names one).
     printer_waits: bool = False
+    # The rank that prints the line lost its connection to a peer: the victim of whichever rank left first (or of
+    # the network between them). It is not named for it; the rank that appears in no failure line is.
+    printer_lost_peer: bool = False
 
     def accepts(self, facts: dict[str, str]) -> bool:
         """Whether a matching line's facts meet the rule's condition, if it has one."""
@@ -247,6 +251,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         phrases=_phrases(raw.get("patterns", [])),
         ending=bool(raw.get("ending", False)),
         printer_waits=bool(raw.get("printer_waits", False)),
+        printer_lost_peer=bool(raw.get("printer_lost_peer", False)),
     )
 
 
