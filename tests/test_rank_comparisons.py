@@ -168,6 +168,36 @@ def test_on_a_subgroup_the_ranks_named_are_the_jobs_and_a_rank_no_prefix_places_
             assert sorted(verdict.culprit_ranks) == sorted(in_job), seed
 
 
+def fsdp_order_line(values: dict[int, str]) -> str | None:
+    """FSDP's first-iteration check (fsdp/_exec_order_utils.py, _check_order): the first pair of ranks, in
+    itertools.combinations order, whose counts of parameters to all-gather differ; every rank raises the same."""
+    pairs = ((r1, r2) for r1 in sorted(values) for r2 in sorted(values) if r1 < r2)
+    r1, r2 = next(((a, b) for a, b in pairs if values[a] != values[b]), (None, None))
+    if r1 is None:
+        return None
+    return (
+        f"RuntimeError: Forward order differs across ranks: rank {r1} is all-gathering {values[r1]} parameters "
+        f"while rank {r2} is all-gathering {values[r2]} parameters"
+    )
+
+
+def test_fsdp_forward_order_names_the_rank_apart_or_candidates_never_high():
+    # One line, the same on every rank: with one departed rank it is never wrong; with several it may name a healthy
+    # rank at medium when the departed are the lowest ranks (counted, as for one DETAIL line).
+    counts = Counter()
+    for seed in range(CASES):
+        departed, values = drawn_job(random.Random(seed), "ddp")
+        line = fsdp_order_line(values)
+        text = "".join(f"[rank{r}]: {line}\n" for r in values)
+        verdict = triage_text(text, "console.log")
+        assert verdict.category == "hang" and verdict.confidence != "high", seed
+        result = outcome(verdict, departed)
+        counts[result] += 1
+        if len(departed) == 1:
+            assert not result.startswith("wrong"), (seed, result)
+    assert counts["wrong-medium"] <= 0.1 * sum(n for k, n in counts.items() if k.endswith("medium")), counts
+
+
 @pytest.mark.parametrize(
     "case, culprits, candidates, high",
     [("detail_mismatch_4ranks", [2], None, True), ("detail_mismatch_2ranks", [], [0, 1], False)],

@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from torchtriage.analysis.positions import position_of
-from torchtriage.analysis.rank_comparisons import DETAIL_KIND, DETAIL_RULE, compared_ranks
+from torchtriage.analysis.rank_comparisons import DETAIL_KIND, DETAIL_RULE, hang_comparison
 from torchtriage.model import Evidence, Finding, RankPosition, SourceKind
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.log_records import LogEvent, LogRecords, PyTraceback
@@ -238,8 +238,7 @@ def traceback_outliers(records: LogRecords, waiting_ranks: set[int]) -> tuple[li
 def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], list[Finding], dict]:
     """The culprit ranks of a collective timeout, the findings that show it, and the facts read."""
     findings: list[Finding] = []
-    detail = compared_ranks(records.events, DETAIL_RULE, DETAIL_KIND, "hang")
-    mismatch = detail or mismatch_at_same_seq(records.events)
+    mismatch = hang_comparison(records.events) or mismatch_at_same_seq(records.events)
     if mismatch is not None:
         culprits, finding = mismatch
         findings.append(finding)

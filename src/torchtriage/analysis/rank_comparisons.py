@@ -1,11 +1,14 @@
 """Checks that compare every rank's value with the printing rank's own, in rank order: who departed.
 
-Two of PyTorch's checks all-gather a value from every rank and have each rank compare them, in rank order, with
-its own, raising at the first that differs:
+PyTorch's checks all-gather a value from every rank and compare them in rank order, raising at the first that
+differs:
 - TORCH_DISTRIBUTED_DEBUG=DETAIL's collective check ("Rank <self> is running collective: <own fingerprint>, but
   Rank <peer> is running collective: <its fingerprint>", c10d ProcessGroupWrapper.cpp, `verify_tensors`);
 - DDP's model check at construction ("DDP expects same model across all ranks, but Rank <self> has <n> params,
-  while rank <peer> has inconsistent <m> params", c10d comm.cpp, `verify_params_across_processes`).
+  while rank <peer> has inconsistent <m> params", c10d comm.cpp, `verify_params_across_processes`);
+- FSDP's forward-order check on the first iteration ("Forward order differs across ranks: rank <r1> is
+  all-gathering ... while rank <r2> ...", fsdp/_exec_order_utils.py): every rank prints the same line, for the
+  first pair in rank order that differs, so r1 is rank 0 and every rank below r2 has its value.
 A rule reads such a line's `value` and `peer_rank`/`peer_value`. One line says that two ranks differ, not which
 of them departed: the rank that prints it may be the odd one or any of the others. It also says that every rank
 numbered below the peer has the printing rank's value (the comparison stopped at the peer).
@@ -128,8 +131,8 @@ def compared_ranks(events: list[LogEvent], rule_id: str, kind: str, category: st
     named = culprits if world is None else [world[r] for r in culprits if r in world]
     if not culprits or len(named) < len(culprits):
         message = (
-            f"the check found ranks that differ ({described}): each line names the rank that printed it and the "
-            "first peer that differs, not which one departed, and no side is the larger"
+            f"the check found ranks that differ ({described}): a line names two ranks whose values differ, not "
+            "which one departed, and no side is the larger"
             if not culprits
             else f"by rank: {described} — {format_ranks(culprits)} of the group departed, and the lines do not say "
             "which ranks of the job that is"
@@ -145,3 +148,14 @@ def compared_ranks(events: list[LogEvent], rule_id: str, kind: str, category: st
     message = f"by rank, {basis}: {described} — {format_ranks(sorted(named))} departed from the others"
     facts = {COMPARED: True} if by_own else {COMPARED: True, IMPLIED: True}
     return sorted(named), Finding(kind, sorted(named), message, "primary", category, evidence, facts)
+
+
+def hang_comparison(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
+    """Who departed, from the first hang-family check among the lines that compares ranks (the DETAIL check's
+    fingerprints, FSDP's forward order); None where no line does."""
+    rule_ids = dict.fromkeys(e.rule.id for e in events if e.rule.category == "hang" and compares_ranks(e))
+    for rule_id in rule_ids:
+        found = compared_ranks(events, rule_id, DETAIL_KIND if rule_id == DETAIL_RULE else rule_id, "hang")
+        if found is not None:
+            return found
+    return None
