@@ -238,6 +238,19 @@ def test_ranks_that_lost_a_peer_are_not_named_the_rank_that_left_is(tmp_path):
     assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])
 
 
+def test_a_loss_that_went_nan_on_every_rank_names_none_and_on_one_rank_names_it(tmp_path):
+    # The gradient all-reduce spreads one replica's NaN to every rank's weights: a NaN every rank reports began on
+    # one of them, which the logs do not say (nan_inf.every_rank); a NaN only one rank reports is that rank's.
+    healthy = [f"[rank{r}]: step {s} loss 2.3{r} grad_norm 1.2" for s in (98, 99) for r in range(4)]
+    every = healthy + [f"[rank{r}]: step 100 loss nan grad_norm nan" for r in range(4)]
+    code, verdict = triage_json(write(tmp_path, "every.log", every))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nan_inf", [])
+    assert any(f["kind"] == "nan_inf.every_rank" for f in verdict["findings"])
+    one = healthy + ["[rank2]: step 100 loss nan grad_norm nan"] + [f"[rank{r}]: step 100 loss 2.2" for r in (0, 1, 3)]
+    code, verdict = triage_json(write(tmp_path, "one.log", one))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nan_inf", [2])
+
+
 def _watchdog_timeout(rank: int, seq: int) -> str:
     return (
         f"[rank{rank}]:[E1203 10:00:0{rank}.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "

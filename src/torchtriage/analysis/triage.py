@@ -350,6 +350,20 @@ def _compared_ranks(
     return culprits
 
 
+def _spread_to_every_rank(primary: _Candidate, culprits: list[int], records: LogRecords) -> Finding | None:
+    """A non-finite symptom every rank the logs show reports (two or more): the gradient all-reduce spread it, so
+    no rank is where it began (knowledge: nan_inf.every_rank)."""
+    if primary.category != "nan_inf" or primary.role == "primary" or len(culprits) < 2:
+        return None
+    if set(culprits) < records.ranks_seen:
+        return None
+    message = (
+        f"every rank the logs show ({format_ranks(culprits)}) went non-finite: the gradient all-reduce spreads one "
+        "rank's NaN or Inf to every replica, so where it began is not in the logs"
+    )
+    return Finding("nan_inf.every_rank", culprits, message, "symptom", "nan_inf", [], {"undecided": True})
+
+
 def _printer_waits(candidate: _Candidate) -> bool:
     """Whether a line's rank is the rank that printed it while it waited for another or lost a peer (knowledge:
     `printer_waits`, `printer_lost_peer`), not one the line names (`rank_fact`)."""
@@ -454,6 +468,11 @@ def _assess_logs(records: LogRecords) -> Assessment:
     compared = _compared_ranks(primary, lead, findings, records)
     if compared is not None:
         culprits = compared
+
+    spread = _spread_to_every_rank(primary, culprits, records)
+    if spread is not None:
+        culprits = []
+        findings.insert(findings.index(lead) + 1, spread)
 
     lost_peer = primary.event is not None and primary.event.rule.printer_lost_peer
     reporters = {c.rank for c in same_failure if c.rank is not None}
@@ -588,7 +607,9 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
     """One line: what failed, with its key facts, then who started it and where."""
     detail = _summary_detail(facts)
     head = f"{primary.title} ({detail})" if detail else primary.title
-    lead = next((f for f in findings if f.kind in _BLAMING_KINDS or f.facts.get(COMPARED)), None)
+    lead = next(
+        (f for f in findings if f.kind in _BLAMING_KINDS or f.facts.get(COMPARED) or f.facts.get("undecided")), None
+    )
     if lead is not None:
         return f"{head}; {lead.message}"
     if not culprits and primary.role == "primary":
