@@ -54,10 +54,15 @@ def compares_ranks(event: LogEvent | None) -> bool:
 
 
 def _printer(event: LogEvent) -> int | None:
-    """The rank that printed a check's line, numbered as its peer is: in the compared group (`group_rank`, the
-    check's own "Rank N"), else the line's rank (a launcher's prefix numbers ranks in the world)."""
-    group_rank = as_int(event.facts.get("group_rank"), None) if event.facts.get("group_rank") else None
-    return group_rank if group_rank is not None else event.rank
+    """The rank whose value a check's line gives first, numbered as its peer is: the rank the line says holds it
+    (`value_rank`: FSDP's pair, printed alike by every rank), else the printer in the compared group (`group_rank`,
+    the check's own "Rank N"), else the line's rank (a launcher's prefix numbers ranks in the world)."""
+    for key in ("value_rank", "group_rank"):
+        if event.facts.get(key):
+            rank = as_int(event.facts[key], None)
+            if rank is not None:
+                return rank
+    return event.rank
 
 
 def _shown(value: str) -> str:
@@ -104,7 +109,7 @@ def _minority(values: dict[int, str], ranks: int) -> list[int]:
 def _in_world(lines: list[LogEvent]) -> dict[int, int] | None:
     """Each printing rank's rank in the job, by its group rank; None where the lines say nothing of a subgroup
     (no line's prefix rank differs from the check's own)."""
-    world = {_printer(e): e.rank for e in lines if e.rank is not None}
+    world = {_printer(e): e.rank for e in lines if e.rank is not None and not e.facts.get("value_rank")}
     return world if any(group != rank for group, rank in world.items()) else None
 
 
