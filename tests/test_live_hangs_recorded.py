@@ -2,8 +2,9 @@
 gradient accumulation under DDP's no_sync, FSDP2 without resharding after forward, a 2-stage GPipe pipeline, a 2-D
 DeviceMesh, object collectives and checkpoints in helper modules, a NaN guard that skips a backward, an
 expert-parallel all-to-all, a gossip ring of batch_isend_irecv, tensor-parallel communicators used in turn, a
-rank-local early stop, a monitored_barrier), recorded bare (what `diagnose --pid` captured)
-and armed (what `torchtriage run`'s watchdog left), on gloo. See tests/fixtures/live_hangs/README.md.
+rank-local early stop, a monitored_barrier, a broadcast whose source a rank chose alone, FSDP1 gradient
+accumulation, ZeroRedundancyOptimizer, an object broadcast skipped by its source), recorded bare (what `diagnose
+--pid` captured) and armed (what `torchtriage run`'s watchdog left), on gloo. See tests/fixtures/live_hangs/README.md.
 
 What a user relies on: the rank named is the one that departed; where the evidence cannot decide, it names
 candidates that hold it; a verdict at high confidence is never wrong; the culprit's line is where it left or
@@ -35,6 +36,10 @@ TRUTH = {
     "ring_wrong_peer": ([1], {("ring_wrong_peer.py", 28), ("ring_wrong_peer.py", 39)}),
     "tp_wrong_group": ([0], {("tp_wrong_group.py", 79), ("tp_wrong_group.py", 45)}),
     "local_early_stop": ([2], {("local_early_stop.py", 57), ("local_early_stop.py", 33)}),
+    "broadcast_wrong_src": ([1], {("broadcast_wrong_src.py", 53), ("broadcast_wrong_src.py", 27)}),
+    "fsdp1_no_sync_mismatch": ([0], {("fsdp1_no_sync_mismatch.py", 51), ("fsdp1_no_sync_mismatch.py", 54)}),
+    "zero_redundancy_step_skip": ([2], {("zero_redundancy_step_skip.py", 42), ("zero_redundancy_step_skip.py", 40)}),
+    "rpc_or_object_list_deadlock": ([0], {("rpc_or_object_list_deadlock.py", n) for n in (31, 52)}),
 }
 
 

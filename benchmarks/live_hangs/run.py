@@ -147,6 +147,26 @@ CASES = {
         ("monitored_barrier_straggler.py:departure",),
         "a cache lock kept by an early return: the culprit blocks in acquire, rank 0's monitored_barrier raises",
     ),
+    "broadcast_wrong_src": Case(
+        "broadcast_wrong_src.py", 3, (1,),
+        ("broadcast_wrong_src.py:departure", "broadcast_wrong_src.py:culprit waits"),
+        "LR sync by broadcast from a per-rank leader: a loss spike makes the culprit src=itself, its peers src=0",
+    ),
+    "fsdp1_no_sync_mismatch": Case(
+        "fsdp1_no_sync_mismatch.py", 3, (0,),
+        ("fsdp1_no_sync_mismatch.py:departure", "fsdp1_no_sync_mismatch.py:culprit waits"),
+        "FSDP1 no_sync accumulation, an all-NaN micro-batch skipped: reduce-scatter meets peers' forward all_gather",
+    ),
+    "zero_redundancy_step_skip": Case(
+        "zero_redundancy_step_skip.py", 3, (2,),
+        ("zero_redundancy_step_skip.py:departure", "zero_redundancy_step_skip.py:culprit waits"),
+        "ZeroRedundancyOptimizer, a rank-local loss-spike guard skips step(): backward meets peers' broadcasts",
+    ),
+    "rpc_or_object_list_deadlock": Case(
+        "rpc_or_object_list_deadlock.py", 3, (0,),
+        ("rpc_or_object_list_deadlock.py:departure", "rpc_or_object_list_deadlock.py:culprit waits"),
+        "hard-example mining: rank 0 returns before broadcast_object_list when it mined nothing, peers wait in it",
+    ),
 }  # fmt: skip
 
 MODES = ("bare", "armed")
