@@ -132,3 +132,13 @@ def test_a_rank_that_never_reached_a_monitored_barrier_is_named_from_rank_0s_rep
     for mode in ("bare", "armed"):
         verdict = diagnose_paths([str(case / mode)])
         assert (verdict.category, verdict.culprit_ranks) == ("hang", [1]), (mode, verdict.summary)
+
+
+def test_two_ranks_that_each_act_as_a_broadcasts_source_are_the_candidates_not_the_rank_that_went_on():
+    """broadcast_wrong_src: rank 1 made itself the source of the learning rate's broadcast where its peers use rank
+    0; ranks 0 and 1 both send and wait, rank 2 received rank 0's value and went on to the next backward. The
+    stacks' locals give each broadcast's source: the two ranks that disagree are the candidates, not the lone
+    rank elsewhere a minority reading would blame."""
+    verdict = verdict_of("broadcast_wrong_src", "bare")
+    assert verdict.culprit_ranks == [] and verdict.facts["candidates"] == [0, 1], verdict.summary
+    assert any(f.kind == "stacks.root_mismatch" for f in verdict.findings)

@@ -170,6 +170,7 @@ class RankPosition:
     seq: int | None = None  # that group's sequence number, when the source names one
     group_given: bool | None = None  # the caller passed the collective a group (True) or used the default
     peer: int | None = None  # the rank a send or recv waits for (its dst or src), when the stack shows it
+    root: int | None = None  # the source or destination a rooted collective was given (broadcast's src), if shown
     alike: int | None = None  # classified by the native frames of this rank's dump, at the same place
     # It waits inside a call every rank must make (a checkpoint's save: knowledge/frames.toml [[all_rank_calls]])
     all_rank_call: str | None = None

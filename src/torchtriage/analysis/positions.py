@@ -214,6 +214,7 @@ def position_of(
     state, op, where = classify_frames(frames, active)
     given = group_given(frames) if state == RankState.COLLECTIVE else None
     peer = p2p_peer(frames, op) if state == RankState.COLLECTIVE and op in P2P_OPS else None
+    root = collective_root(frames, op) if state == RankState.COLLECTIVE and op in ROOTED_OPS else None
     group = created_group(frames) if op == "new_group" else None
     inside = all_rank_call_of(frames) if state == RankState.COLLECTIVE else None
     return RankPosition(
@@ -228,6 +229,7 @@ def position_of(
         process_group=group,
         group_given=given,
         peer=peer,
+        root=root,
         all_rank_call=inside,
     )
 
@@ -268,6 +270,29 @@ def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
             value = (local.repr or "").strip()
             # ASCII digits, a few: py-spy quotes the process's own value ('²' is a digit to isdigit(), not to int())
             if local.name == name and value.isascii() and value.isdigit() and len(value) <= 9:
+                return int(value)
+    return None
+
+
+# Rooted collectives: every rank of the group must name the same source or destination. The collective's own
+# locals hold it (py-spy --locals): the group's rank (`group_src`, `group_dst`, resolved by torch 2.5+), else the
+# global one the caller passed; the ranks of one call resolve it alike.
+_ROOT_OF = {
+    **dict.fromkeys(("broadcast", "broadcast_object_list", "scatter", "scatter_object_list"), ("group_src", "src")),
+    **dict.fromkeys(("reduce", "gather", "gather_object"), ("group_dst", "dst")),
+}
+ROOTED_OPS = frozenset(_ROOT_OF)
+
+
+def collective_root(frames: Sequence[Frame], op: str | None) -> int | None:
+    """The root a rooted collective on this stack was given, from its frame's locals; None when not shown."""
+    for frame in frames:
+        if frame.native or not frame.locals or _function(frame) != op or not _matches(frame, _C10D):
+            continue
+        values = {local.name: (local.repr or "").strip() for local in frame.locals}
+        for name in _ROOT_OF[op]:
+            value = values.get(name, "")
+            if value.isascii() and value.isdigit() and len(value) <= 9:
                 return int(value)
     return None
 

@@ -203,6 +203,9 @@ def analyze_positions(
     elif (created := _group_creation(found)) is not None:
         culprits, confidence, finding = created
         findings.append(finding)
+    elif (rooted := _root_mismatch(waiting, found)) is not None:
+        culprits, confidence, finding = rooted
+        findings.append(finding)
     elif len(waiting) > 1 and not elsewhere and _in_p2p(waiting):
         findings.append(_p2p_wait(waiting, found))
     elif len(waiting) > 1 and not elsewhere and _across_groups(waiting):
@@ -430,6 +433,41 @@ def _skipped_finding(waiting: list[StackGroup], skipped: StackGroup) -> Finding:
         facts={"all_rank_call": call, PREMISE: ALL_RANK_CALLS},
         blames=True,
     )
+
+
+def _root_mismatch(
+    waiting: list[StackGroup], found: Mapping[int, RankPosition]
+) -> tuple[list[int], str, Finding] | None:
+    """Ranks waiting in one rooted collective (same op and line) that gave it different roots: those outside the
+    root most of them gave departed (medium); an even split names them as candidates (low). None where every
+    rank of every such place gave the same root, or the stacks do not show it."""
+    for group in waiting:
+        roots = {r: found[r].root for r in group.ranks if found[r].root is not None}
+        if len(set(roots.values())) < 2:
+            continue
+        counts = sorted(((list(roots.values()).count(v), v) for v in set(roots.values())), reverse=True)
+        decided = counts[0][0] > counts[1][0] and counts[0][0] >= 2
+        culprits = sorted(r for r, v in roots.items() if v != counts[0][1]) if decided else []
+        given = "; ".join(f"{format_ranks(sorted(r for r in roots if roots[r] == v))}: root {v}" for _, v in counts)
+        op = group.position.op
+        message = f"{format_ranks(sorted(roots))} wait in {op} from one line with different roots ({given}): " + (
+            f"{format_ranks(culprits)} chose another root than the others"
+            if decided
+            else "each waits for a root the others do not use, and the stacks cannot say which chose wrongly"
+        )
+        facts = {} if decided else {"undecided": True, "candidates": sorted(roots)}
+        finding = Finding(
+            "stacks.root_mismatch",
+            culprits or sorted(roots),
+            message,
+            role="primary" if decided else "symptom",
+            category="hang",
+            evidence=_evidence(group.position)[:_MAX_EVIDENCE],
+            facts=facts,
+            blames=decided,
+        )
+        return culprits, "medium" if decided else "low", finding
+    return None
 
 
 def _groups_unseen(waiting: list[StackGroup]) -> Finding:
