@@ -139,6 +139,7 @@ def test_two_ranks_that_each_act_as_a_broadcasts_source_are_the_candidates_not_t
     0; ranks 0 and 1 both send and wait, rank 2 received rank 0's value and went on to the next backward. The
     stacks' locals give each broadcast's source: the two ranks that disagree are the candidates, not the lone
     rank elsewhere a minority reading would blame."""
-    verdict = verdict_of("broadcast_wrong_src", "bare")
-    assert verdict.culprit_ranks == [] and verdict.facts["candidates"] == [0, 1], verdict.summary
-    assert any(f.kind == "stacks.root_mismatch" for f in verdict.findings)
+    for mode in ("bare", "armed"):  # py-spy's locals; the watchdog's stacks write each c10d frame's src
+        verdict = verdict_of("broadcast_wrong_src", mode)
+        assert verdict.culprit_ranks == [] and verdict.facts["candidates"] == [0, 1], (mode, verdict.summary)
+        assert any(f.kind == "stacks.root_mismatch" for f in verdict.findings)
