@@ -275,11 +275,12 @@ def p2p_peer(frames: Sequence[Frame], op: str | None) -> int | None:
 
 
 # Rooted collectives: every rank of the group must name the same source or destination. The collective's own
-# locals hold it (py-spy --locals): the group's rank (`group_src`, `group_dst`, resolved by torch 2.5+), else the
-# global one the caller passed; the ranks of one call resolve it alike.
+# locals hold it (py-spy --locals, the watchdog's stacks) as the group's rank (`group_src`, `group_dst`, which
+# torch 2.5+ resolves before it waits). The global `src` a caller passed is not read: ranks of different groups
+# calling one line give different global roots rightly.
 _ROOT_OF = {
-    **dict.fromkeys(("broadcast", "broadcast_object_list", "scatter", "scatter_object_list"), ("group_src", "src")),
-    **dict.fromkeys(("reduce", "gather", "gather_object"), ("group_dst", "dst")),
+    **dict.fromkeys(("broadcast", "broadcast_object_list", "scatter", "scatter_object_list"), ("group_src",)),
+    **dict.fromkeys(("reduce", "gather", "gather_object"), ("group_dst",)),
 }
 ROOTED_OPS = frozenset(_ROOT_OF)
 
