@@ -15,6 +15,7 @@ after the collective, not the collective itself. That state, `gpu_wait`, counts 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -445,7 +446,7 @@ def _root_mismatch(
         roots = {r: found[r].root for r in group.ranks if found[r].root is not None}
         if len(set(roots.values())) < 2:
             continue
-        counts = sorted(((list(roots.values()).count(v), v) for v in set(roots.values())), reverse=True)
+        counts = sorted(((n, v) for v, n in Counter(roots.values()).items()), reverse=True)
         decided = counts[0][0] > counts[1][0] and counts[0][0] >= 2
         culprits = sorted(r for r, v in roots.items() if v != counts[0][1]) if decided else []
         given = "; ".join(f"{format_ranks(sorted(r for r in roots if roots[r] == v))}: root {v}" for _, v in counts)

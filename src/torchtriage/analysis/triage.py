@@ -69,6 +69,8 @@ class _Candidate:
 # The findings that single out the culprit of a hang from the logs: the timeout readings, and the rank that left
 # no line while its peers lost their connections to it.
 _BLAMING_KINDS = (*TIMEOUT_KINDS, "logs.silent_rank")
+# The categories whose culprit the collective-timeout readings decide (analysis.collective_timeouts).
+_HANG_FAMILY = ("nccl_timeout", "hang")
 
 
 def _effective_roles(events: list[LogEvent]) -> list[str]:
@@ -341,7 +343,7 @@ def _compared_ranks(
 ) -> list[int] | None:
     """The culprits of a check that compared every rank's value with its printer's (DDP's model check), its reading
     added after `lead`; None where the primary line is no such check's (the hang readings read the DETAIL check's)."""
-    if not compares_ranks(primary.event) or primary.category in ("nccl_timeout", "hang"):
+    if not compares_ranks(primary.event) or primary.category in _HANG_FAMILY:
         return None
     culprits, comparison = compared_ranks(records.events, primary.kind, primary.kind, primary.category)
     findings.insert(findings.index(lead) + 1, comparison)
@@ -476,14 +478,14 @@ def _assess_logs(records: LogRecords) -> Assessment:
 
     lost_peer = primary.event is not None and primary.event.rule.printer_lost_peer
     reporters = {c.rank for c in same_failure if c.rank is not None}
-    if lost_peer and not culprits and len(reporters) > 1 and primary.category not in ("nccl_timeout", "hang"):
+    if lost_peer and not culprits and len(reporters) > 1 and primary.category not in _HANG_FAMILY:
         # Every rank that reports lost a peer: the one that left first appears in no failure line (one rank's
         # lines alone are as likely an excerpt, or a link of its own).
         culprits, lost_findings, lost_facts = silent_ranks(records)
         facts.update(lost_facts)
         findings[0:0] = lost_findings
 
-    if primary.category in ("nccl_timeout", "hang"):
+    if primary.category in _HANG_FAMILY:
         waiting = {c.rank for c in same_failure if c.rank is not None}
         if primary.role == "collateral":  # no rank timed out: each lost a peer, wherever it was
             hang_culprits, hang_findings, hang_facts = silent_ranks(records)
