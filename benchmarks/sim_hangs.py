@@ -1,12 +1,13 @@
 """Hang verdicts on generated programs, at length: the confusion per family and backend, and how often each
 confidence level is right.
 
-Usage: python benchmarks/sim_hangs.py [--cases 10000] [--start 0] [--jobs N] [--markdown]
+Usage: python benchmarks/sim_hangs.py [--cases 10000] [--start 0] [--jobs N] [--markdown] [--kinds K,K]
 
 Each seed is one case of tests/sim (a random mesh and step program, one rank departing, gloo's or NCCL's
 semantics played until the job deadlocks, the artifacts a real job leaves), diagnosed as a user's folder by
 `torchtriage diagnose`'s own code path. CI runs the first 1000 (tests/test_sim_hangs.py); this runs as many as
-asked, on every core. Outcomes:
+asked, on every core. With --kinds, every case departs in one of those kinds, among them the kinds drawn only on
+request (`wrong_root`, `wrong_peer`: tests/sim/departures.py), seeds whose program offers none skipped. Outcomes:
 
     right       the culprit named alone
     candidates  no culprit, candidates that hold it (what an undecidable case should get)
@@ -28,6 +29,7 @@ import sys
 import time
 from collections import Counter, defaultdict
 from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
@@ -37,8 +39,8 @@ from sim.case import scored  # noqa: E402  (tests/sim, put on the path above)
 OUTCOMES = ("right", "candidates", "imprecise", "wrong", "miss")
 
 
-def one(seed: int) -> tuple | None:
-    found = scored(seed)
+def one(seed: int, kinds: tuple[str, ...] = ()) -> tuple | None:
+    found = scored(seed, kinds)
     if found is None:
         return None
     case, result = found
@@ -47,11 +49,12 @@ def one(seed: int) -> tuple | None:
             result.confidence, result.line)  # fmt: skip
 
 
-def run(seeds: list[int], jobs: int) -> list[tuple]:
+def run(seeds: list[int], jobs: int, kinds: tuple[str, ...] = ()) -> list[tuple]:
+    each = partial(one, kinds=kinds)
     if jobs <= 1:
-        return [r for r in map(one, seeds) if r is not None]
+        return [r for r in map(each, seeds) if r is not None]
     with ProcessPoolExecutor(jobs) as pool:
-        return [r for r in pool.map(one, seeds, chunksize=64) if r is not None]
+        return [r for r in pool.map(each, seeds, chunksize=64) if r is not None]
 
 
 def table(rows: list[tuple], key, title: str, markdown: bool) -> list[str]:
@@ -92,9 +95,11 @@ def main() -> None:
     parser.add_argument("--start", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--kinds", default="", help="departure kinds, comma-separated (default: every usual kind)")
     args = parser.parse_args()
+    kinds = tuple(k for k in args.kinds.split(",") if k)
     started = time.perf_counter()
-    rows = run(list(range(args.start, args.start + args.cases)), args.jobs)
+    rows = run(list(range(args.start, args.start + args.cases)), args.jobs, kinds)
     took = time.perf_counter() - started
     md = args.markdown
     print(f"{len(rows)} hangs of {args.cases} seeds ({args.cases - len(rows)} did not hang), {took:.0f} s\n")

@@ -343,19 +343,21 @@ def test_positions_can_be_analysed_without_dumps():
     assert analysis.culprit_ranks == [1] and list(analysis.positions) == [0, 1]
 
 
-def test_ranks_in_one_broadcast_with_different_sources_name_the_ones_apart_or_candidates():
-    # A rooted collective's source is in its frame's locals (py-spy --locals): where most of the ranks waiting in
-    # one broadcast gave one source, the others chose theirs wrongly; an even split names both as candidates.
+def test_ranks_in_one_broadcast_line_with_different_sources_are_candidates_never_culprits():
+    # A rooted collective's source is in its frame's locals (py-spy --locals). Ranks at one broadcast line with
+    # different sources may be at different calls of a loop over sources (gloo's tree broadcast lets a member go
+    # on to the next call): a majority decides nothing. The simulator's ZeRO-style loops (tests/sim) had the
+    # majority at the next call and a victim alone at the earlier one.
     def waiting(rank: int, root: int) -> S.RankPosition:
         return S.RankPosition(
             rank, S.COLLECTIVE, "broadcast", None, frame("sync (t.py:7)"), SourceKind.PYSPY, "a", root=root
         )
 
-    analysis = analyze_positions({r: waiting(r, 0 if r != 3 else 3) for r in range(4)})
-    assert analysis.culprit_ranks == [3] and analysis.confidence == "medium"
-    assert analysis.findings[0].kind == "stacks.root_mismatch"
-    analysis = analyze_positions({0: waiting(0, 0), 1: waiting(1, 1)})
-    assert analysis.culprit_ranks == [] and analysis.findings[0].facts["candidates"] == [0, 1]
+    for roots in ({0: 2, 1: 1, 2: 2, 3: 2}, {0: 0, 1: 0, 2: 0, 3: 3}, {0: 0, 1: 1}):
+        analysis = analyze_positions({r: waiting(r, root) for r, root in roots.items()})
+        assert analysis.culprit_ranks == [] and analysis.confidence == "low"
+        assert analysis.findings[0].kind == "stacks.root_mismatch"
+        assert analysis.findings[0].facts["candidates"] == sorted(roots)
     same = analyze_positions({r: waiting(r, 0) for r in range(3)})
     assert not any(f.kind == "stacks.root_mismatch" for f in same.findings)
 

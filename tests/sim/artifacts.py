@@ -317,7 +317,8 @@ def _in_a_call(wait: Wait, ident: int, backend: str, layout: Layout) -> Thread:
 
 
 def _call_locals(action, python) -> dict:
-    """What py-spy --locals shows of the c10d call: the wrapper's args and kwargs, a send's dst, a recv's src."""
+    """What py-spy --locals shows of the c10d call: the wrapper's args and kwargs, a send's dst, a recv's src, a
+    broadcast's source."""
     found = {}
     for i, (function, file, _) in enumerate(python):
         if file.endswith("c10d_logger.py"):
@@ -329,6 +330,8 @@ def _call_locals(action, python) -> dict:
             found[i] = [("dst", str(action.peer), True)]
         elif function in ("recv", "irecv") and action.peer is not None:
             found[i] = [("src", str(action.peer), True)]
+        elif function == "broadcast" and action.root >= 0:  # the source as the job gave it, and as its group's rank
+            found[i] = [("src", str(action.group.ranks[action.root]), True), ("group_src", str(action.root), True)]
     return found
 
 

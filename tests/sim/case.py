@@ -24,7 +24,7 @@ from . import artifacts
 from .artifacts import Layout, draw_layout
 from .departures import Departure, draw, schedule
 from .engine import Engine, Outcome
-from .program import Program, generate
+from .program import Program, generate, with_broadcasts
 from .truth import Truth, find
 
 BACKENDS = ("gloo", "nccl")
@@ -63,11 +63,17 @@ def run(program: Program, departure: Departure | None, backend: str) -> Outcome:
     return engine.run()
 
 
-def make(seed: int, backend: str | None = None, layout: str | None = None) -> Case | None:
+def make(seed: int, backend: str | None = None, layout: str | None = None, kinds: tuple[str, ...] = ()) -> Case | None:
+    """The seed's case; with `kinds`, one whose departure is of those kinds (drawn on request: `ON_REQUEST`), None
+    where the program offers none."""
     rng = random.Random(seed)
     backend = backend or rng.choice(BACKENDS)
     program = generate(rng, backend)
-    departure = draw(rng, program, backend)
+    if "wrong_root" in kinds:
+        program = with_broadcasts(program, rng)
+    departure = draw(rng, program, backend, kinds)
+    if departure is None:
+        return None
     outcome = run(program, departure, backend)
     if outcome.finished or outcome.errored:
         return None  # nothing hangs: the job finished, or gloo refused mismatched sizes and the ranks failed
@@ -96,9 +102,9 @@ def diagnose(case: Case) -> dict:
         return analyse_run(gather([folder])).verdict.to_json()
 
 
-def scored(seed: int) -> tuple[Case, Score] | None:
-    """The seed's case and the score of its verdict; None where nothing hangs."""
-    case = make(seed)
+def scored(seed: int, kinds: tuple[str, ...] = ()) -> tuple[Case, Score] | None:
+    """The seed's case (of `kinds`, when given) and the score of its verdict; None where nothing hangs."""
+    case = make(seed, kinds=kinds)
     return None if case is None else _scored(case)
 
 

@@ -15,6 +15,13 @@
   in a queue, in a socket's recv, in the data loader.
 - `wedge` (NCCL): its device stops before an op, and its recorder stops seeing completions a few ops
   earlier: its dump still lists as pending ops its peers completed.
+
+Drawn only when asked for (`draw(..., kinds=...)`, so that every seed of the kinds above stays the case it was):
+
+- `wrong_root`: it calls a broadcast with another source than its peers (a leader it chose alone, an
+  off-by-one shard owner).
+- `wrong_peer`: it sends to, or receives from, another rank of the group than its program's neighbour (a
+  stage index taken for a rank, a ring hop computed wrongly).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ KINDS = (
     "stuck",
     "wedge",
 )
+ON_REQUEST = ("wrong_root", "wrong_peer")  # kinds drawn only when asked for
 STUCK_STATES = ("sleep", "compute", "lock", "join", "queue", "socket", "dataloader")
 TERMINAL = ("early_exit", "exit", "die", "stuck")
 EXTRA_STEPS = 2  # steps every rank would run after the departing one, had nothing hung
@@ -81,6 +89,10 @@ def candidates(program: Program, rank: int, step: int, backend: str) -> list[tup
                 found.append(("wedge", i, -1))
         if action.kind == "batch" and len(action.batch) > 1:
             found.append(("skip", i, -1))  # an op of the batch (which one: `_apply`)
+        if action.kind == "broadcast" and action.root >= 0 and len(action.group.ranks) > 1:
+            found.append(("wrong_root", i, -1))
+        if _other_peers(action, rank):
+            found.append(("wrong_peer", i, -1))
         for j in range(i + 1, len(actions)):
             other = actions[j]
             if other.kind == SYNC or not (_comm(action) and _comm(other)):
@@ -92,23 +104,46 @@ def candidates(program: Program, rank: int, step: int, backend: str) -> list[tup
     return found
 
 
-def draw(rng: random.Random, program: Program, backend: str) -> Departure:
+def _other_peers(action: Action, rank: int) -> list[tuple[int, int]]:
+    """(op of its batch or -1, peer) for every wrong peer a send or recv of this action could name: another
+    rank of its group than itself and its neighbour."""
+    ops = list(enumerate(action.batch)) if action.kind == "batch" else [(-1, action)]
+    found = []
+    for index, op in ops:
+        if op.kind in P2P and op.peer is not None:
+            found += [(index, r) for r in op.group.ranks if r not in (rank, op.peer)]
+    return found
+
+
+def draw(rng: random.Random, program: Program, backend: str, kinds: tuple[str, ...] = ()) -> Departure | None:
+    """One rank's departure at the departing step: of any kind but those drawn on request, or of `kinds`
+    (None when this program offers none of them)."""
     rank = rng.randrange(program.mesh.size)
     step = program.steps
     options = candidates(program, rank, step, backend)
     by_kind: dict[str, list] = {}
+    wanted = set(kinds) if kinds else set(KINDS)
     for option in options:
-        by_kind.setdefault(option[0], []).append(option)
+        if option[0] in wanted:
+            by_kind.setdefault(option[0], []).append(option)
+    if not by_kind:
+        return None
     kind = rng.choice(sorted(by_kind))
     _, at, other = rng.choice(by_kind[kind])
+    action = program.actions(rank, step)[at]
     detail = ""
     if kind == "stuck":
         detail = rng.choice(STUCK_STATES)
     elif kind == "wedge":
         detail = str(rng.randint(0, 2))
-    elif kind == "skip" and program.actions(rank, step)[at].kind == "batch":
-        detail = str(rng.randrange(len(program.actions(rank, step)[at].batch)))
-    new_site = _departing_site(rng, program, kind, program.actions(rank, step)[at], detail)
+    elif kind == "skip" and action.kind == "batch":
+        detail = str(rng.randrange(len(action.batch)))
+    elif kind == "wrong_root":
+        detail = str(rng.choice([r for r in range(len(action.group.ranks)) if r != action.root]))
+    elif kind == "wrong_peer":
+        index, peer = rng.choice(_other_peers(action, rank))
+        detail = f"{index}:{peer}"
+    new_site = _departing_site(rng, program, kind, action, detail)
     return Departure(kind, rank, step, at, other, detail, new_site)
 
 
@@ -192,6 +227,16 @@ def _apply(program: Program, d: Departure, actions: list[Action]) -> tuple[list[
         return actions[: d.at] + [Action("stuck", None, site, at.step, key=d.detail)], True
     if kind == "wedge":
         return actions[: d.at] + [Action("wedge", None, at.site, at.step, key=d.detail)] + actions[d.at :], False
+    if kind == "wrong_root":
+        return actions[: d.at] + [replace(at, root=int(d.detail), spec=-1)] + actions[d.at + 1 :], False
+    if kind == "wrong_peer":
+        index, peer = (int(x) for x in d.detail.split(":"))
+        if index < 0:
+            moved = replace(at, peer=peer, spec=-1)
+        else:
+            ops = tuple(replace(op, peer=peer) if i == index else op for i, op in enumerate(at.batch))
+            moved = replace(at, batch=ops, spec=-1)
+        return actions[: d.at] + [moved] + actions[d.at + 1 :], False
     raise ValueError(kind)
 
 

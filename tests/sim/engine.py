@@ -15,6 +15,11 @@ What each backend does, as far as a hang shows it:
   complete (NCCL runs each rank's own count); ops of another kind never do.
   NCCL (2.22 on, by default) also connects a communicator for an algorithm only at the first op that uses it:
   that op is recorded, then its launch blocks the CPU until every member connects too (`nccl_algorithm`).
+- **gloo's broadcast** is a binomial tree from the root each member was given (gloo/broadcast.cc): a member
+  completes once it received from its parent and its children received from it, whoever else has arrived; so
+  members given different roots deadlock some of them while others go on (measured: a rank that received from
+  the source it expected went on to its next op, the two ranks that each took itself for the source waited).
+  NCCL's ring broadcast with different roots completes with garbage or hangs, by size, as sizes that differ.
 - **p2p sequence numbers**: NCCL counts a group's sends, recvs and batches; gloo keeps no such count (its
   entries say 0).
 
@@ -69,6 +74,7 @@ class Unit:
     signature: tuple = ()
     done: bool = False
     sends: frozenset = frozenset()  # the p2p keys of its sends (the rest are recvs)
+    blockers: frozenset = frozenset()  # gloo's broadcast: the members this one waits for (global ranks)
 
 
 @dataclass
@@ -306,8 +312,8 @@ class Engine:
         p2p_seq = run.p2p_seq.get(group.name, 0)
         record = Record(action, name, group, seq, p2p_seq, op_id, ins, outs, dtypes, False, part=part)
         self._record(run, record)
-        # The signature peers must agree on; NCCL runs ops of one kind whatever their sizes.
-        signature = (name,) if self.lenient else (name, str(ins), str(outs), tuple(dtypes))
+        # The signature peers must agree on; NCCL runs ops of one kind whatever their sizes (or roots).
+        signature = (name,) if self.lenient else (name, str(ins), str(outs), tuple(dtypes), action.root)
         unit = Unit(run.rank, "collective", [record], (group.name, group.ranks, seq), signature=signature)
         self.collectives.setdefault(unit.key, {})[run.rank] = unit
         return unit
@@ -358,7 +364,10 @@ class Engine:
                 moved = True
         else:
             for key, units in list(self.collectives.items()):
-                moved = self._complete_collective(key, units) or moved
+                if next(iter(units.values())).records[0].name == "broadcast":
+                    moved = self._complete_gloo_broadcast(key, units) or moved
+                else:
+                    moved = self._complete_collective(key, units) or moved
             # A gloo send waits for its recv (measured: a one-element send returned when its peer posted the
             # recv, seconds later), and the recv for the send.
             for unit_pair in list(self.p2p.values()):
@@ -422,6 +431,27 @@ class Engine:
             unit.done = True
         return True
 
+    def _complete_gloo_broadcast(self, key: tuple, units: dict[int, Unit]) -> bool:
+        """Each member's own tree from the root it was given: it completes once its receive and its sends are
+        matched by the members that have arrived."""
+        members = key[1]
+        plans = {}
+        for rank, unit in units.items():
+            steps = binomial_tree(members.index(rank), unit.records[0].action.root, len(members))
+            plans[rank] = [(op, members[peer]) for op, peer in steps]
+        reached = _reached(plans)
+        moved = False
+        for rank, unit in units.items():
+            if unit.done:
+                continue
+            blockers = _tree_blockers(rank, plans, reached)
+            unit.blockers = frozenset(blockers)
+            if not blockers:
+                for record in unit.records:
+                    self._mark(record)
+                unit.done = moved = True
+        return moved
+
     def _maybe_done(self, unit: Unit) -> None:
         if all(r.done for r in unit.records if r.name != "coalesced"):
             unit.done = True
@@ -431,6 +461,55 @@ class Engine:
     @staticmethod
     def _mark(record: Record) -> None:
         record.done = True
+
+
+def binomial_tree(me: int, root: int, size: int) -> list[tuple[str, int]]:
+    """gloo::broadcast's steps for group rank `me` given `root`: ("send" | "recv", peer), in order; a recv
+    blocks until its peer's send is posted, a send is posted at once and waited for at the end."""
+    vrank = (me - root) % size
+    dim = max(1, (size - 1).bit_length())
+    mask = (1 << dim) - 1
+    steps = []
+    for i in range(dim):
+        mask ^= 1 << i
+        if vrank & mask:
+            continue
+        vpeer = vrank ^ (1 << i)
+        if vpeer >= size:
+            continue
+        steps.append(("send" if not vrank & (1 << i) else "recv", (vpeer + root) % size))
+    return steps
+
+
+def _reached(plans: dict[int, list]) -> dict[int, int]:
+    """How far each member gets through its steps: past every send, up to a recv whose send is not posted."""
+    reached = dict.fromkeys(plans, 0)
+    moved = True
+    while moved:
+        moved = False
+        for rank, plan in plans.items():
+            while reached[rank] < len(plan):
+                op, peer = plan[reached[rank]]
+                if op == "recv" and not _posted(plans, reached, peer, ("send", rank), inclusive=False):
+                    break
+                reached[rank] += 1
+                moved = True
+    return reached
+
+
+def _posted(plans: dict, reached: dict, rank: int, step: tuple, inclusive: bool) -> bool:
+    """Whether `rank` has posted `step` (a send once passed; a recv once reached)."""
+    if rank not in plans or step not in plans[rank]:
+        return False
+    at = plans[rank].index(step)
+    return at <= reached[rank] if inclusive else at < reached[rank]
+
+
+def _tree_blockers(rank: int, plans: dict, reached: dict) -> set[int]:
+    plan = plans[rank]
+    if reached[rank] < len(plan):
+        return {plan[reached[rank]][1]}  # its receive: the parent has not sent
+    return {peer for op, peer in plan if op == "send" and not _posted(plans, reached, peer, ("recv", rank), True)}
 
 
 # NCCL's choice for an all_reduce, measured with NCCL 2.28.9 over its socket transport, one rank a host
@@ -486,4 +565,4 @@ def _shape(action: Action, part: int, size: int, backend: str) -> tuple[str, lis
     raise ValueError(f"not a collective: {kind}")
 
 
-__all__ = ["Engine", "Outcome", "Record", "RankRun", "Unit", "Wait", "STORE", "nccl_algorithm"]
+__all__ = ["binomial_tree", "Engine", "Outcome", "Record", "RankRun", "Unit", "Wait", "STORE", "nccl_algorithm"]

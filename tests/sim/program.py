@@ -65,6 +65,7 @@ class OpSpec:
     every: int = 1  # issued on steps divisible by `every` only
     batch: tuple[OpSpec, ...] = ()
     key: str = ""  # store ops: the key (the step is appended)
+    root: int = -1  # a broadcast: its source, as a rank of its group (group_src)
 
 
 @dataclass(frozen=True)
@@ -83,13 +84,15 @@ class Action:
     key: str = ""
     spec: int = -1  # index of the OpSpec in the step template (-1: not from the template)
     part: int = 0  # all_gather_object's two all_gathers (the sizes, then the bytes), each waited for
+    root: int = -1  # a broadcast: its source, as a rank of its group
 
     @property
     def identity(self) -> tuple:
         """What makes two actions the same op of a program (never its step)."""
         inner = tuple(a.identity for a in self.batch)
         name = self.group.name if self.group else None
-        return (self.kind, name, self.peer, self.numel, self.dtype, self.site, self.via, inner, self.key, self.part)
+        fields = (self.kind, name, self.peer, self.numel, self.dtype, self.site, self.via, inner, self.key, self.part)
+        return fields + (self.root,)
 
 
 @dataclass
@@ -120,7 +123,9 @@ class Program:
 
     def _instantiate(self, spec: OpSpec, rank: int, step: int, index: int) -> Action | None:
         group = self.mesh.group_of(rank, spec.dim)
-        base = Action(spec.kind, group, spec.site, step, spec.numel, spec.dtype, via=spec.via, spec=index)
+        base = Action(
+            spec.kind, group, spec.site, step, spec.numel, spec.dtype, via=spec.via, spec=index, root=spec.root
+        )
         if spec.kind in P2P:
             peer = _neighbour(self.mesh, rank, spec.peer_dim or spec.dim, spec.offset)
             return None if peer is None else replace(base, peer=peer)
@@ -236,6 +241,26 @@ def generate(rng: random.Random, backend: str) -> Program:
     add(SYNC, WORLD, "finish_step")
     eager = backend != "nccl" or pick() < 0.6
     return Program(mesh, template, steps=rng.randint(2, 6), eager_init=eager, mismatch_completes=pick() < 0.5)
+
+
+def with_broadcasts(program: Program, rng: random.Random) -> Program:
+    """The program with rooted collectives added before its step's end, as jobs issue them: a decision one rank
+    takes and broadcasts to its peers every few steps (a learning rate, a skip flag), or ZeRO's parameter sync
+    (`ZeroRedundancyOptimizer`: each rank of the data-parallel group broadcasts the shard it updated, one
+    broadcast per rank, from one line)."""
+    dims = dict(program.mesh.dims)
+    lines = _Lines(rng)
+    lines.next = 700
+    template = list(program.template[:-1])
+    if "dp" in dims and rng.random() < 0.5:
+        site = lines.site("sync_shards", caller="optimizer_step")
+        template += [OpSpec("broadcast", "dp", site, numel=4096, root=r) for r in range(dims["dp"])]
+    else:
+        dim = rng.choice([WORLD, *dims])
+        root = rng.randrange(program.mesh.size_of(dim)) if rng.random() < 0.3 else 0
+        every = rng.choice((1, 1, 2))
+        template.append(OpSpec("broadcast", dim, lines.site("sync_decision"), numel=1, root=root, every=every))
+    return replace(program, template=template + program.template[-1:])
 
 
 def _gradient_sync(rng, template: list[OpSpec], lines: _Lines, dims: dict, backend: str) -> None:

@@ -71,7 +71,8 @@ def _sites(program, departure, run: RankRun, healthy: RankRun, gone: dict, layou
             shown = next((a for a in executed[at:] if a.kind not in _SILENT), None)  # the first a dump can show
             if shown is not None and shown.kind not in ("stuck", "wedge"):
                 found.append(_at(shown.site))
-            if departure.kind in ("skip", "swap", "world_for_subgroup", "size") and usual.kind not in _SILENT:
+            changed = ("skip", "swap", "world_for_subgroup", "size", "wrong_root", "wrong_peer")
+            if departure.kind in changed and usual.kind not in _SILENT:
                 found.append(_at(usual.site))  # the op it skipped, moved or changed
             break
     wait = run.wait
@@ -175,7 +176,9 @@ def _blockers(outcome: Outcome, rank: int, units) -> set[int]:
     for unit in units:
         if unit.done:
             continue
-        if unit.kind == "collective":
+        if unit.kind == "collective" and unit.blockers:  # gloo's broadcast: its own tree's peers
+            found |= unit.blockers
+        elif unit.kind == "collective":
             group_ranks = unit.key[1]
             for member in group_ranks:
                 peer_unit = _unit_at(outcome, member, unit.key)

@@ -439,35 +439,34 @@ def _skipped_finding(waiting: list[StackGroup], skipped: StackGroup) -> Finding:
 def _root_mismatch(
     waiting: list[StackGroup], found: Mapping[int, RankPosition]
 ) -> tuple[list[int], str, Finding] | None:
-    """Ranks waiting in one rooted collective (same op and line) that gave it different roots: those outside the
-    root most of them gave departed (medium); an even split names them as candidates (low). None where every
-    rank of every such place gave the same root, or the stacks do not show it."""
+    """Ranks waiting in one rooted collective's call (same op and line) that gave it different roots: candidates,
+    never culprits. A rank may have chosen its root wrongly, or the ranks are at different calls of a loop over
+    sources (one broadcast per rank, as a state-dict consolidation or ZeRO's parameter sync issues them): gloo's
+    tree broadcast lets a member that got its data go on to the next call while others still wait in this one,
+    so which ranks share a call, and so which root is the odd one, the stacks cannot say. None where every rank
+    of every such place gave the same root, or the stacks do not show it."""
     for group in waiting:
         roots = {r: found[r].root for r in group.ranks if found[r].root is not None}
         if len(set(roots.values())) < 2:
             continue
         counts = sorted(((n, v) for v, n in Counter(roots.values()).items()), reverse=True)
-        decided = counts[0][0] > counts[1][0] and counts[0][0] >= 2
-        culprits = sorted(r for r, v in roots.items() if v != counts[0][1]) if decided else []
         given = "; ".join(f"{format_ranks(sorted(r for r in roots if roots[r] == v))}: root {v}" for _, v in counts)
         op = group.position.op
-        message = f"{format_ranks(sorted(roots))} wait in {op} from one line with different roots ({given}): " + (
-            f"{format_ranks(culprits)} chose another root than the others"
-            if decided
-            else "each waits for a root the others do not use, and the stacks cannot say which chose wrongly"
+        message = (
+            f"{format_ranks(sorted(roots))} wait in {op} from one line with different roots ({given}): a rank chose "
+            "another root than its peers, or the ranks are at different calls of a loop over roots (a tree "
+            "broadcast lets a member that got its data go on to the next call); the stacks cannot say which"
         )
-        facts = {} if decided else {"undecided": True, "candidates": sorted(roots)}
         finding = Finding(
             "stacks.root_mismatch",
-            culprits or sorted(roots),
+            sorted(roots),
             message,
-            role="primary" if decided else "symptom",
+            role="symptom",
             category="hang",
             evidence=_evidence(group.position)[:_MAX_EVIDENCE],
-            facts=facts,
-            blames=decided,
+            facts={"undecided": True, "candidates": sorted(roots)},
         )
-        return culprits, "medium" if decided else "low", finding
+        return [], "low", finding
     return None
 
 

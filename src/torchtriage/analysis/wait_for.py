@@ -623,7 +623,11 @@ def _ends_without_dump(graph: WaitFor, waited: frozenset, programs: dict[int, Pr
     if not ends and waited & graph.unaccounted:
         graph.kind, graph.decided_by = "no_dump", "undecided"
         graph.departure = {"waiting_for_it": sorted(waited & graph.unaccounted)}
-        return graph  # held by a member no dump names: the dumps cannot say who
+        # Held by a member no dump names, or by members that disagree in what the dumps do not record (a
+        # broadcast's root, gloo's sends and recvs): the dumps cannot say who; the ranks in those ops are the
+        # candidates, unless a member is missing.
+        graph.candidates = sorted(waited & graph.unaccounted)
+        return graph
     if not ends:
         return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
     missing = sorted(frozenset().union(*(graph.unknown[r] for r in ends)) - programs.keys())

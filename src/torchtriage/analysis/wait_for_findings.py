@@ -105,11 +105,13 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
         if not missing:
             held = format_ranks(ends)
             message = (
-                f"{held} wait in ops every member the dumps show has issued: a member that left no dump holds "
-                "them, which the dumps cannot name (gloo records no group's members; a rank above the highest "
-                f"that dumped leaves no trace)" + (f"; {waits}" if waits else "")
+                f"{held} wait in ops every member the dumps show has issued and that never completed: the members "
+                "disagree in what the dumps do not record (a broadcast's root, a send's peer), or a member that "
+                "left no dump holds them (gloo records no group's members; a rank above the highest that dumped "
+                f"leaves no trace): {held} are the candidates unless a rank is missing"
+                + (f"; {waits}" if waits else "")
             )
-            facts |= {"undecided": True}
+            facts |= {"undecided": True, "candidates": ends}
         elif culprits:
             message = (
                 f"{format_ranks(missing)} left no dump, and the waits end there: {ended}"
