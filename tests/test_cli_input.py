@@ -46,6 +46,26 @@ def test_empty_and_binary_files_are_named_and_skipped(tmp_path):
     assert "core.bin: binary data" in err
 
 
+def test_a_log_with_an_unwritten_stretch_is_read_around_it(tmp_path):
+    # A node that crashes while its log sits on a shared file system leaves the file's size recorded and its
+    # last blocks unwritten: a run of NUL bytes, then whatever other writers (the launcher, the scheduler)
+    # appended. It is a log with a hole, not binary data; the hole ends the line written before it.
+    steps = b"".join(b"[rank0]:step %d loss 2.%03d\n" % (i, i) for i in range(40))
+    hole = steps + b"[rank0]:step 40 lo" + b"\x00" * 8192 + OOM.read_bytes()
+    (tmp_path / "rank0.log").write_bytes(hole)
+    code, verdict = triage_json(tmp_path / "rank0.log")
+    assert code == exit_codes.PROBLEM_FOUND and verdict["category"] == "oom", verdict["summary"]
+    # A hole at the head of the file, text after it in the head: still a log.
+    (tmp_path / "head.log").write_bytes(b"\x00" * 2048 + OOM.read_bytes())
+    assert triage_json(tmp_path / "head.log")[1]["category"] == "oom"
+    # NUL bytes among control bytes (a binary format's fields), or nothing but NULs: binary data, not read.
+    (tmp_path / "fields.bin").write_bytes(b"ELF\x02\x01\x00\x00\x03\x00>\x00\x01\x00\x00\x00" * 300)
+    (tmp_path / "zeros.log").write_bytes(b"\x00" * 10000)
+    for name in ("fields.bin", "zeros.log"):
+        err = assert_clean_failure(run_cli("triage", tmp_path / name), exit_codes.BAD_INPUT)
+        assert "binary data" in err, err
+
+
 def test_a_hostile_pickle_is_never_loaded(tmp_path):
     marker = tmp_path / "pwned"
 

@@ -91,9 +91,13 @@ def _lone_cr_search():
     return re2.compile(rb"\r[^\n]", options)
 
 
+_NUL_RUN = re.compile(rb"\x00+")
+
+
 def _line_blocks(stream: BinaryIO) -> Iterator[bytes]:
-    """The stream's blocks, never empty, each lone CR made a newline. A CR that ends a block waits for the
-    next block's first byte, which says whether it starts a CRLF."""
+    """The stream's blocks, never empty, each lone CR made a newline and each run of NUL bytes (a stretch of
+    the file never written: the registry reads such text as a log with holes) a line end. A CR that ends a block
+    waits for the next block's first byte, which says whether it starts a CRLF."""
     held = b""
     while True:
         block = stream.read(BLOCK_BYTES)
@@ -101,6 +105,8 @@ def _line_blocks(stream: BinaryIO) -> Iterator[bytes]:
             if held:
                 yield b"\n"  # a CR at the very end of the stream ends its last line
             return
+        if b"\x00" in block:  # what was written before a hole and after it are different writes: other lines
+            block = _NUL_RUN.sub(b"\n", block)
         if held:
             block, held = held + block, b""
         if b"\r" not in block:  # most logs: one pass at memchr speed

@@ -106,7 +106,27 @@ def _json_list_of_objects(head: Head) -> bool:
 
 
 def _is_text(head: Head) -> bool:
-    return b"\x00" not in head.data
+    return b"\x00" not in head.data or _text_with_holes(head.data)
+
+
+# Bytes text holds: printable ASCII, tab, line ends, form feed, backspace, ANSI escapes, and every byte of
+# UTF-8's (or Latin-1's) non-ASCII characters.
+_TEXT_BYTES = bytes(range(32, 127)) + b"\t\n\r\x08\x0c\x1b" + bytes(range(128, 256))
+_NUL_RUN = re.compile(rb"\x00+")
+_HOLE_BYTES = 16  # NULs shorter than this on average are a binary format's fields, not an unwritten stretch
+
+
+def _text_with_holes(data: bytes) -> bool:
+    """Text whose unwritten stretches read as NUL bytes: a file extended but never written there, as a node's
+    crash leaves a log on a shared file system (its size was recorded, its last blocks not). The NULs come in
+    long runs, and what lies between them is text; a binary format's NULs are short and among control bytes."""
+    rest = data.replace(b"\x00", b"")
+    if not rest.strip():
+        return False
+    runs = len(_NUL_RUN.findall(data))
+    if len(data) - len(rest) < _HOLE_BYTES * runs:
+        return False
+    return len(rest.translate(None, _TEXT_BYTES)) * 100 <= len(rest)
 
 
 def _profiler_trace(head: Head) -> bool:
