@@ -15,6 +15,13 @@ from torchtriage.sources.lines import normalise
         ),
         ("[default5]:Traceback (most recent call last):", "Traceback (most recent call last):", 5),
         ('[default1]:[rank9]:  File "train.py", line 3, in <module>', ' File "train.py", line 3, in <module>', 9),
+        # `torchrun --role rank --tee 3` (torchtitan's launcher): the tee prefix is the role and the local rank,
+        # the process's own excepthook prefix the global rank
+        (
+            "[rank0]:[rank8]: torch.OutOfMemoryError: CUDA out of memory.",
+            "torch.OutOfMemoryError: CUDA out of memory.",
+            8,
+        ),
         ("12: RuntimeError: boom", "RuntimeError: boom", 12),
         ("[1,7]<stderr>:ncclInternalError", "ncclInternalError", 7),
         ("[Rank 4] loss: nan", "loss: nan", 4),

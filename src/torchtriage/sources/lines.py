@@ -111,10 +111,13 @@ def _peel_rank(text: str, rank: int | None, rank_is_global: bool) -> tuple[str, 
         match = prefix.match(text)
         number = as_int(match.group("rank"), -1, 0, limits.active().rank) if match else -1
         if number >= 0:
-            # "[default3]:[rank35]:" — torchrun's tee prefix carries the local rank, torch's own
-            # "[rank35]:" the global one: a prefix that says "rank" wins, otherwise the outermost.
+            # "[default3]:[rank35]:" — torchrun's tee prefix (`[{role}{local_rank}]:`, tail_log.py) carries the
+            # local rank, the one torch's excepthook puts on a rank's own lines ("[rank35]:",
+            # distributed_c10d.py) the global one: a prefix that says "rank" wins, otherwise the outermost. A
+            # role named "rank" (`torchrun --role rank`, as torchtitan runs) stacks "[rank3]:[rank35]:": the
+            # inner one, the process's own, wins.
             says_rank = "rank" in match.group(0).lower()
-            if rank is None or (says_rank and not rank_is_global):
+            if rank is None or says_rank:
                 rank, rank_is_global = number, says_rank
             return text[match.end() :], rank, rank_is_global, True
     return text, rank, rank_is_global, False
