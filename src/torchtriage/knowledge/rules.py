@@ -17,6 +17,7 @@ a failure mode.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from pathlib import Path
@@ -40,6 +41,7 @@ from torchtriage.knowledge.loader import (
 from torchtriage.model import CATEGORIES, ROLES
 
 RULES_DIR = KNOWLEDGE_DIR / "rules"
+_STDLIB_PATH = re.compile(r"/lib/python3(?:\.\d+)?/")  # an interpreter's own library (installed packages excluded)
 _MIN_ANCHOR = 4
 
 RuleError = KnowledgeError  # the name callers have always caught
@@ -61,6 +63,7 @@ _OPTIONAL = {
     "ending": BOOLEAN,
     "printer_waits": BOOLEAN,
     "printer_lost_peer": BOOLEAN,
+    "raised_in": STRINGS,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -111,6 +114,25 @@ class Rule:
     # The rank that prints the line lost its connection to a peer: the victim of whichever rank left first (or of
     # the network between them). It is not named for it; the rank that appears in no failure line is.
     printer_lost_peer: bool = False
+    # Where the rule's line ends a Python traceback: the places (path fragments) whose code raises this failure.
+    # A traceback whose innermost frame outside the standard library is another library's is not it (an
+    # `OSError: [Errno 98]` from a metrics server's or a debugger's own socket is no rendezvous port).
+    raised_in: tuple[str, ...] = ()
+
+    def raised_elsewhere(self, files: Sequence[str]) -> bool:
+        """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
+        library that none of `raised_in` names (the job's own code is never elsewhere)."""
+        if not self.raised_in:
+            return False
+        for file in files:
+            path = file.replace("\\", "/")
+            if any(fragment in path for fragment in self.raised_in):
+                return False
+            installed = "-packages/" in path
+            if not installed and (_STDLIB_PATH.search(path) or path.startswith("<")):
+                continue  # the standard library's socket, socketserver ...: who called it decides
+            return installed
+        return False
 
     def accepts(self, facts: dict[str, str]) -> bool:
         """Whether a matching line's facts meet the rule's condition, if it has one."""
@@ -252,6 +274,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         ending=bool(raw.get("ending", False)),
         printer_waits=bool(raw.get("printer_waits", False)),
         printer_lost_peer=bool(raw.get("printer_lost_peer", False)),
+        raised_in=tuple(raw.get("raised_in", [])),
     )
 
 

@@ -235,11 +235,13 @@ class _FileReader:
         time = line.time
         if time is None and in_report and self.report_entry is not None:
             time = self.report_entry.time
-        self._track_traceback(text, rank, line_no, time)
+        ended = self._track_traceback(text, rank, line_no, time)
         if self.matcher.superseding:
             for rule_id in self.matcher.superseded_rules(text):
                 self.superseded_before[rule_id] = line_no
         for found in self.matcher.match(text):
+            if ended is not None and found.rule.raised_elsewhere([f.file for f in reversed(ended.frames)]):
+                continue  # the traceback this line ends was raised by a library the rule is not about
             event_rank = rank
             named = _rank_of(found.facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
             if named is not None:
@@ -264,19 +266,20 @@ class _FileReader:
         if rank is not None and counted:
             self.records.ranks_seen.add(rank)
 
-    def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> None:
+    def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> PyTraceback | None:
+        """Follow this rank's open traceback; the traceback when `text` is the exception line that ends it."""
         if text.lstrip().startswith("Exception ignored in"):
             self.ignored_at[rank] = line_no
-            return
+            return None
         if text.lstrip().startswith("Traceback (most recent call last)"):
             ignored = line_no - self.ignored_at.get(rank, -10) <= 2
             self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time, ignored=ignored)
-            return
+            return None
         current = self.open_tracebacks.get(rank)
         frame = _FRAME.match(text)
         if current is None:
             if not frame:
-                return
+                return None
             # A log cut inside a traceback still has its frames: start one without the header.
             current = self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time)
         if frame:
@@ -285,9 +288,9 @@ class _FileReader:
                     frame.group("path"), as_int(frame.group("line"), 0), frame.group("func") or "?", printed_at=line_no
                 )
             )
-            return
+            return None
         if text[:1].isspace():
-            return  # the source line under a frame, or its ^^^^ marker: still inside the traceback
+            return None  # the source line under a frame, or its ^^^^ marker: still inside the traceback
         exception = _EXCEPTION.match(text.strip())
         if exception:
             current.exception = exception.group("type")
@@ -297,6 +300,7 @@ class _FileReader:
                 current.time = time
         self.records.tracebacks.append(current)
         del self.open_tracebacks[rank]
+        return current if exception else None
 
     def _track_report(self, text: str, line_no: int) -> bool:
         """Follow torchrun's failure report; True while `text` belongs to it."""
