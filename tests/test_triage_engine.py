@@ -289,3 +289,47 @@ def test_an_exception_no_rule_knows_takes_the_category_of_its_type_with_medium_c
     assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])
     code, verdict = triage_json(write(tmp_path, "killed.log", ["step 3 loss 1.2", "Killed"]))
     assert verdict["category"] == "host_oom"
+
+
+# ProcessGroupNCCL's lines, from its format strings: the watchdog's status line names the group whose collective
+# timed out; the heartbeat monitor's dump line gives the counters of the group it belongs to (the default one).
+STATUS = (
+    "[rank{rank}]:[E0601 12:10:01.2 ProcessGroupNCCL.cpp:1785] [PG ID {pg} PG GUID {guid} Rank {group_rank}] "
+    "Exception (either an error or timeout) detected by watchdog at work: {seq}, last enqueued NCCL work: "
+    "{enqueued}, last completed NCCL work: {completed}."
+)
+DUMP = (
+    "[rank{rank}]:[E0601 12:10:02.7 ProcessGroupNCCL.cpp:1914] [PG ID 0 PG GUID 0(default_pg) Rank {rank}] Received "
+    "a dump signal due to a collective timeout from this local rank and we will try our best to dump the debug info. "
+    "Last enqueued NCCL work: {enqueued}, last completed NCCL work: {enqueued}."
+)
+
+
+def test_counters_of_two_process_groups_are_never_compared(tmp_path):
+    # Ranks 4, 5, 7 of the TP group (4-7) time out at its seq 880; every rank's dump line gives the default group's
+    # counters (120). Rank 6 never reached the TP op: the three that waited are not "departed from seq 120".
+    tp = "2(TENSOR_MODEL_PARALLEL_GROUP)"
+    lines = [
+        STATUS.format(rank=r, pg=2, guid=tp, group_rank=r - 4, seq=880, enqueued=880, completed=879) for r in (4, 5, 7)
+    ]
+    lines += [DUMP.format(rank=r, enqueued=120) for r in range(8)]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert verdict["category"] == "nccl_timeout"
+    assert not set(verdict["culprit_ranks"]) & {4, 5, 7}, verdict["summary"]
+
+
+def test_a_rank_that_queued_ops_behind_the_one_every_rank_timed_out_in_is_not_blamed(tmp_path):
+    # Enqueueing is asynchronous: rank 2 queued seq 313 behind 312, and its own watchdog timed out at 312 as every
+    # rank's did. Every rank issued 312: the counters name no rank.
+    lines = [
+        STATUS.format(
+            rank=r, pg=0, guid="0(default_pg)", group_rank=r, seq=312, enqueued=313 if r == 2 else 312, completed=311
+        )
+        for r in range(4)
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert verdict["culprit_ranks"] == [] and verdict["confidence"] != "high", verdict["summary"]
+    # A rank that never enqueued 312 (its dump line: everything it enqueued completed) is still the one named.
+    lines[1] = DUMP.format(rank=1, enqueued=311)
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert verdict["culprit_ranks"] == [1], verdict["summary"]

@@ -56,6 +56,7 @@ class RankProgress:
     last_completed: int | None
     timed_out: bool  # the rank's own watchdog reported a timed-out collective
     evidence: LogEvent
+    stuck_seq: int | None = None  # the seq its own watchdog timed out at, on this line's group
 
     @property
     def waiting(self) -> bool:
@@ -71,23 +72,47 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def progress_by_rank(events: list[LogEvent]) -> dict[int, RankProgress]:
-    """Each rank's latest watchdog counters, and whether its own watchdog fired."""
+def progress_by_group(events: list[LogEvent]) -> dict[str, dict[int, RankProgress]]:
+    """Each group's ranks' latest watchdog counters, and whether their own watchdog fired. Sequence numbers count
+    one process group's collectives: a line's counters are compared with its own group's only (the heartbeat
+    monitor's dump line gives the default group's, while the collective that timed out may be a subgroup's). A
+    line that names no group is put with the others that name none."""
     timed_out = {e.rank for e in events if e.rank is not None and "timeout_ms" in e.facts and "seq" in e.facts}
-    progress: dict[int, RankProgress] = {}
+    groups: dict[str, dict[int, RankProgress]] = {}
+    stuck: dict[tuple[str, int], int] = {}  # (group, rank) -> the seq its watchdog's status line timed out at
     for event in events:
         enqueued = _int(event.facts.get("last_enqueued"))
         if event.rank is None or enqueued is None:
             continue
+        group = _group_named(event.facts)
+        if (seq := _int(event.facts.get("seq"))) is not None:
+            stuck.setdefault((group, event.rank), seq)
+        progress = groups.setdefault(group, {})
         known = progress.get(event.rank)
         if known is None or enqueued >= known.last_enqueued:
             completed = _int(event.facts.get("last_completed"))
             progress[event.rank] = RankProgress(event.rank, enqueued, completed, event.rank in timed_out, event)
-    return progress
+    for group, progress in groups.items():
+        for rank, found in progress.items():
+            found.stuck_seq = stuck.get((group, rank))
+    return groups
 
 
 def _evidence_of(events: list[LogEvent]) -> list[Evidence]:
     return [Evidence("log", e.file, e.line, e.rank, e.text[:500]) for e in events[:_MAX_EVIDENCE]]
+
+
+def _departed(progress: dict[int, RankProgress], majority: int) -> list[int]:
+    """The ranks whose counters leave the majority's: behind it (they never enqueued what most ranks did), or
+    ahead of it, unless their own watchdog timed out at a collective the majority enqueued too (enqueued is
+    asynchronous: a rank may queue ops behind the one it waits in)."""
+    found = []
+    for rank, p in progress.items():
+        if p.last_enqueued < majority:
+            found.append(rank)
+        elif p.last_enqueued > majority and not (p.stuck_seq is not None and p.stuck_seq <= majority):
+            found.append(rank)
+    return sorted(found)
 
 
 def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Finding | None]:
@@ -99,9 +124,8 @@ def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Fin
         f"{format_ranks(sorted(r for r, p in progress.items() if p.last_enqueued == seq))} at seq {seq}"
         for seq, _ in sorted(counts)
     )
-    if len(progress) >= 3 and counts[0][1] > len(progress) / 2:
+    if len(progress) >= 3 and counts[0][1] > len(progress) / 2 and (culprits := _departed(progress, counts[0][0])):
         majority = counts[0][0]
-        culprits = sorted(r for r, p in progress.items() if p.last_enqueued != majority)
         message = (
             f"last enqueued collective: {described}: {format_ranks(culprits)} departed from the majority "
             f"(seq {majority})"
@@ -118,11 +142,19 @@ def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Fin
         )
         evidence = _evidence_of([progress[r].evidence for r in idle])
         return idle, Finding("logs.idle_rank", idle, message, "primary", "hang", evidence)
-    message = (
-        f"the ranks wait in different collectives ({described}): one side skipped a collective or the other "
-        "issued an extra one, and the logs cannot tell which (run `torchtriage fr` on the flight-recorder "
-        "dumps, or `torchtriage diagnose` on the live job: the call sites decide)"
-    )
+    stuck = {p.stuck_seq for p in progress.values()}
+    if None not in stuck and len(stuck) == 1:
+        message = (
+            f"every rank's own watchdog timed out at seq {stuck.pop()} ({described}): each issued it, and the "
+            "ranks that enqueued more only queued ops behind it; the counters name no rank (run `torchtriage fr` "
+            "on the flight-recorder dumps: the op's state on each rank decides)"
+        )
+    else:
+        message = (
+            f"the ranks wait in different collectives ({described}): one side skipped a collective or the other "
+            "issued an extra one, and the logs cannot tell which (run `torchtriage fr` on the flight-recorder "
+            "dumps, or `torchtriage diagnose` on the live job: the call sites decide)"
+        )
     evidence = _evidence_of([p.evidence for p in progress.values()])
     return [], Finding(
         "logs.lagging_rank", sorted(progress), message, "symptom", "hang", evidence, facts={"undecided": True}
@@ -244,15 +276,17 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         findings.append(finding)
         if culprits:
             return culprits, findings, {}
-    progress = progress_by_rank(records.events)
     facts: dict = {}
-    if progress:
-        facts["last_enqueued_by_rank"] = {str(r): p.last_enqueued for r, p in sorted(progress.items())}
-    culprits, finding = sequence_outliers(progress)
-    if finding is not None:
-        findings.append(finding)
-    if culprits:
-        return culprits, findings, facts
+    for group, progress in sorted(progress_by_group(records.events).items(), key=lambda item: -len(item[1])):
+        if "last_enqueued_by_rank" not in facts:  # the group most ranks report on
+            facts["last_enqueued_by_rank"] = {str(r): p.last_enqueued for r, p in sorted(progress.items())}
+        culprits, finding = sequence_outliers(progress)
+        if finding is not None:
+            findings.append(finding)
+        if culprits:
+            if group:
+                facts["counters_group"] = group
+            return culprits, findings, facts
     culprits, finding, traceback_facts = traceback_outliers(records, waiting_ranks)
     facts.update(traceback_facts)
     if finding is not None:
