@@ -333,3 +333,21 @@ def test_a_rank_that_queued_ops_behind_the_one_every_rank_timed_out_in_is_not_bl
     lines[1] = DUMP.format(rank=1, enqueued=311)
     code, verdict = triage_json(write(tmp_path, "job.log", lines))
     assert verdict["culprit_ranks"] == [1], verdict["summary"]
+
+
+def test_the_ranks_monitored_barrier_names_are_the_culprits_whatever_the_others_stacks_say(tmp_path):
+    # ProcessGroupGloo::monitoredBarrier: rank 0 names each rank it missed (one line per rank with
+    # wait_all_ranks=True); the ranks that arrived raise "successfully reached monitoredBarrier". A traceback cut
+    # above torch's own frames must not make those ranks "in no collective".
+    missed = "[rank0]:[E0405 10:01:02.0{r} ProcessGroupGloo.cpp:2928] [Rank 0]: Rank {r} failed to pass"
+    lines = [missed.format(r=r) + " monitoredBarrier in 60000 ms" for r in (2, 5)]
+    for rank in (1, 3):
+        lines += [
+            f"[rank{rank}]: Traceback (most recent call last):",
+            f'[rank{rank}]:   File "/workspace/train.py", line 431, in main',
+            f"[rank{rank}]:     dist.monitored_barrier(group=gloo_group, timeout=timedelta(seconds=60))",
+            f"[rank{rank}]: RuntimeError: Rank {rank} successfully reached monitoredBarrier, but received errors while "
+            "waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.",
+        ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2, 5]), verdict["summary"]

@@ -327,7 +327,9 @@ def _ranks_the_lines_name(
             continue
         lagging = _rank_numbers(c.event.facts.get("lagging_ranks", ""))
         if lagging:
-            return lagging, c.kind
+            # Every line of that kind (monitored_barrier with wait_all_ranks prints one line per rank it missed).
+            same = (o for o in candidates if o.event is not None and o.kind == c.kind and o.category == category)
+            return sorted({r for o in same for r in _rank_numbers(o.event.facts.get("lagging_ranks", ""))}), c.kind
         ready = _rank_numbers(c.event.facts.get("ready_ranks", ""))
         if ready:
             world = as_int(str(facts.get("world_size", "")), None) if "world_size" in facts else None
@@ -485,7 +487,12 @@ def _assess_logs(records: LogRecords) -> Assessment:
         facts.update(lost_facts)
         findings[0:0] = lost_findings
 
-    if primary.category in _HANG_FAMILY:
+    named, named_by = _ranks_the_lines_name(candidates, primary.category, records, facts)
+    if primary.category in _HANG_FAMILY and named:
+        # A line that says which ranks never arrived (monitored_barrier, the desync report) is read before where
+        # the others' counters or stacks were: those readings only infer it.
+        culprits = named
+    elif primary.category in _HANG_FAMILY:
         waiting = {c.rank for c in same_failure if c.rank is not None}
         if primary.role == "collateral":  # no rank timed out: each lost a peer, wherever it was
             hang_culprits, hang_findings, hang_facts = silent_ranks(records)
@@ -502,9 +509,10 @@ def _assess_logs(records: LogRecords) -> Assessment:
         findings[findings.index(lead) + 1 : findings.index(lead) + 1] = mem_findings
         facts.update(mem_facts)
 
-    named_by = None
-    if not culprits:
-        culprits, named_by = _ranks_the_lines_name(candidates, primary.category, records, facts)
+    if not culprits and named:
+        culprits = named
+    elif culprits != named:
+        named_by = None
     blaming = next((f for f in findings if f.kind in _BLAMING_KINDS and f.ranks == culprits and culprits), None)
     if blaming is None and culprits and lead.role == "primary" and lead.ranks == culprits:
         blaming = lead
