@@ -65,8 +65,9 @@ def test_a_finished_job_whose_logs_only_stop_is_not_a_hang(tmp_path):
     assert code == 0, console.read_text()[-3000:]
     for given in (run_dir, console):  # the run folder (the ranks' logs and the record), and the console
         code, verdict = triage_json(given)
-        assert code == 0 and verdict["category"] != "hang" and not verdict["findings"], (given, verdict["summary"])
-        assert "the job finished" in verdict["summary"], verdict["summary"]
+        assert (code, verdict["category"]) == (0, "ok"), (given, verdict["summary"])
+        assert [f["kind"] for f in verdict["findings"]] == ["logs.job_finished"], verdict["findings"]
+        assert "the job finished" in verdict["summary"].lower(), verdict["summary"]
     record = exit_record(run_dir)
     assert record["schema"] == "torchtriage.run_exit/1"
     assert (record["exit_code"], record["signal"], record["launcher"]) == (0, None, "torchrun")

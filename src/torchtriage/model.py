@@ -319,7 +319,9 @@ class Verdict:
 
     @property
     def diagnosed_problem(self) -> bool:
-        return bool(self.findings)
+        """Whether the verdict says something went wrong: it found something, and not that all is well (a job
+        that finished, its launcher says, with lines along the way that look like failures)."""
+        return bool(self.findings) and self.category != Category.OK
 
     def machine_of(self, rank: int) -> Machine:
         """Where `rank` ran, as the sources read say; a Machine with nothing known when none said."""

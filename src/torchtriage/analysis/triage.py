@@ -20,6 +20,7 @@ from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascad
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
+from torchtriage.analysis.finished_run import finished_despite
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.rank_comparisons import COMPARED, IMPLIED, compared_ranks, compares_ranks
@@ -440,8 +441,49 @@ def assess_logs(records: LogRecords) -> Assessment:
     return consistent(_assess_logs(records))
 
 
+def _finished_run(candidates: list[_Candidate], records: LogRecords) -> Assessment | None:
+    """A job whose launcher reports every worker exited 0 after every line that looks like a failure: `ok`, those
+    lines shown as symptoms it survived (analysis/finished_run.py)."""
+    failing = [c for c in candidates if c.role != "collateral"]
+    reports = finished_despite([(c.file, c.line) for c in failing], records)
+    if reports is None:
+        return None
+    survived = _findings(candidates)
+    for finding in survived:
+        finding.role = "symptom" if finding.role in ("primary", "cause") else finding.role
+    first = reports[0]
+    lead = Finding(
+        "logs.job_finished",
+        [],
+        f"the launcher reports that every worker exited 0: {first.text[:200]}",
+        "primary",
+        "ok",
+        [Evidence("log", r.file, r.line, None, r.text[:500]) for r in reports[:_MAX_EVIDENCE] if r.line],
+        {"finished_by": first.text[:200]},
+    )
+    summary = "The job finished: its launcher reports that every worker exited 0"
+    if failing:
+        primary, _ = _pick_primary(failing)
+        lines = f"{len(failing)} line{'s' if len(failing) != 1 else ''}"
+        summary += f", after the lines that look like a failure; they did not end it ({primary.title}, {lines})"
+    return Assessment(
+        source="logs",
+        findings=[lead, *survived],
+        summary=summary,
+        category="ok",
+        confidence="medium",
+        facts={"job_finished": first.text[:200], "ranks_seen": sorted(records.ranks_seen)},
+        files=records.files_read,
+        problems=records.problems,
+        lead=lead,
+    )
+
+
 def _assess_logs(records: LogRecords) -> Assessment:
     candidates = _candidates(records)
+    finished = _finished_run(candidates, records)
+    if finished is not None:
+        return finished
     if all(c.role == "collateral" for c in candidates):
         # No error of its own: where the logs stop, the lowest layer, speaks before any aftermath does.
         stall = assess_stall(records)

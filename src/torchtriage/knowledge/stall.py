@@ -25,6 +25,7 @@ class StallKnowledge:
     loss_factor: float = 1000.0
     loss_at_least: float = 1000.0
     warning: tuple[Any, ...] = ()
+    succeeded: tuple[Any, ...] = ()
 
     def loss_in(self, text: str) -> float | None:
         """The loss a step line states, or None."""
@@ -42,6 +43,10 @@ class StallKnowledge:
 
     def finished_by(self, text: str) -> bool:
         return any(p.search(text) for p in self.finished)
+
+    def succeeded_by(self, text: str) -> bool:
+        """A launcher's own report that every worker it ran exited 0."""
+        return any(p.search(text) for p in self.succeeded)
 
     def shows_failure(self, text: str) -> bool:
         """A line that looks like a failure (its level, read with the line, is the caller's to weigh)."""
@@ -84,11 +89,12 @@ def stall_knowledge() -> StallKnowledge:
             "world_size": TABLE,
             "loss": TABLE,
             "warning": TABLE,
+            "succeeded": TABLE,
             "last_line": TABLES,
         },
     )
     sections = {}
-    for name in ("interrupt", "finished", "noise", "failure", "world_size", "warning"):
+    for name in ("interrupt", "finished", "noise", "failure", "world_size", "warning", "succeeded"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
     loss_where = f"{STALL_FILE.name} [loss]"
@@ -109,4 +115,5 @@ def stall_knowledge() -> StallKnowledge:
         float(loss["factor"]),
         float(loss["at_least"]),
         sections["warning"],
+        sections["succeeded"],
     )

@@ -196,6 +196,22 @@ BRANCHES = (
         next_time=(Command("doctor --json", "before launch: what breaks distributed jobs on this machine"),),
         helpers=("init_distributed", "assert_rank_uniform"),
     ),
+    Branch(
+        title="The job finished, but its log looked wrong",
+        signs="the launcher says the job finished, yet its log holds errors or warnings: a caught exception, a "
+        "retried connection, a restart",
+        categories=("ok",),
+        run_first=(
+            Command(
+                "triage LOGS --json", "the launcher's own success report decides: the lines before it are survived"
+            ),
+        ),
+        reading=(
+            "`ok` comes only from the launcher's own report that every worker exited 0 after every line that looks "
+            "like a failure (or from a check that read everything and found it healthy), and exits 0. Those lines "
+            "are `symptom` findings the job survived: if its results are wrong, start from them."
+        ),
+    ),
 )
 
 ROLE_MEANING = {

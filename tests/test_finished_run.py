@@ -1,0 +1,94 @@
+"""A job that finished: torchrun's agent reports that every worker exited 0 after the lines that look like failures
+(torch/distributed/elastic/agent/server/api.py). Those lines did not end the job: the verdict is `ok` (exit 0),
+and they are shown as symptoms it survived. The logs are written from the programs' format strings."""
+
+from conftest import triage_json
+from torchtriage import exit_codes
+
+SUCCEEDED = (
+    "I0219 04:10:00.101000 6209 torch/distributed/elastic/agent/server/api.py:864] [default] worker group "
+    "successfully finished. Waiting 300 seconds for other agents to finish."
+)
+DONE = "I0219 04:10:00.102000 6209 torch/distributed/elastic/agent/server/api.py:931] Done waiting for other agents."
+# c10's TORCH_WARN and an error a rank caught and went on from: lines that look like failures.
+STORE_RETRY = (
+    "[W728 15:01:59.562622567 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to host node-0:29500 - "
+    "retrying (try=0, timeout=1800000ms, delay=496ms): Connection refused"
+)
+CAUGHT_OOM = (
+    "[rank1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 1 has a total capacity of "
+    "79.19 GiB of which 1.02 GiB is free."
+)
+STEPS = [f"[rank0]: step {i} loss {3.0 - i / 100:.2f}" for i in range(50)]
+CHILD_FAILED = [
+    "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+    "============================================================",
+    "train.py FAILED",
+    "------------------------------------------------------------",
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2024-06-20_14:00:14",
+    "  host      : node-0",
+    "  rank      : 1 (local_rank: 1)",
+    "  exitcode  : 1 (pid: 6602)",
+]
+
+
+def write(tmp_path, name, lines):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_lines_that_look_like_failures_before_the_launchers_success_did_not_end_the_job(tmp_path):
+    path = write(tmp_path, "job.log", [STORE_RETRY, *STEPS[:20], CAUGHT_OOM, *STEPS[20:], SUCCEEDED, DONE])
+    code, verdict = triage_json(path)
+    assert (code, verdict["category"], verdict["culprit_ranks"]) == (exit_codes.OK, "ok", []), verdict["summary"]
+    assert verdict["confidence"] == "medium"
+    kinds = {f["kind"]: f["role"] for f in verdict["findings"]}
+    assert kinds["logs.job_finished"] == "primary" and kinds["oom.cuda_allocator"] == "symptom"
+
+
+def test_an_elastic_restart_the_job_recovered_from_is_survived(tmp_path):
+    restart = (
+        "I0219 03:10:00.000000 6209 torch/distributed/elastic/agent/server/api.py:889] [default] Worker group FAILED. "
+        "3/3 attempts left; will restart worker group"
+    )
+    path = write(tmp_path, "job.log", [*STEPS[:10], CAUGHT_OOM, restart, *STEPS[10:], SUCCEEDED])
+    assert triage_json(path)[1]["category"] == "ok"
+
+
+def test_a_clean_log_that_ends_in_the_launchers_success_is_ok(tmp_path):
+    code, verdict = triage_json(write(tmp_path, "job.log", [*STEPS, SUCCEEDED, DONE]))
+    assert (code, verdict["category"]) == (exit_codes.OK, "ok")
+
+
+def test_no_success_is_read_past_a_failure_after_it_or_a_launchers_failure_report(tmp_path):
+    barrier = (
+        "E0219 04:15:00.000000 6209 torch/distributed/elastic/agent/server/api.py:950] Error waiting on exit barrier. "
+        "Elapsed: 300.1 seconds"
+    )
+    after = write(tmp_path, "after.log", [*STEPS, SUCCEEDED, CAUGHT_OOM, barrier])
+    assert triage_json(after)[1]["category"] == "oom"
+    reported = write(tmp_path / "..", "reported.log", [*STEPS, CAUGHT_OOM, SUCCEEDED, *CHILD_FAILED])
+    assert triage_json(reported)[1]["category"] != "ok"
+
+
+def test_a_ranks_own_log_without_a_success_of_its_own_keeps_its_failure(tmp_path):
+    # The agent's success is in its own file; rank 1's file holds a failure and no report after it.
+    write(tmp_path, "launcher.log", [*STEPS, SUCCEEDED])
+    write(tmp_path, "rank1.log", [CAUGHT_OOM])
+    code, verdict = triage_json(tmp_path)
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [1])
+
+
+def test_nccls_optional_plugin_probe_is_no_missing_library(tmp_path):
+    # nccl src/plugin/plugin_open.cc: NCCL looks for libnccl-net.so and says, at INFO, it uses its own transport.
+    probe = (
+        "gpu1:4410:4410 [0] NCCL INFO NET/Plugin : dlerror=libnccl-net.so: cannot open shared object file: No such "
+        "file or directory No plugin found (libnccl-net.so), using internal implementation"
+    )
+    code, verdict = triage_json(write(tmp_path, "job.log", [*STEPS[:5], probe, *STEPS[5:]]))
+    assert verdict["category"] != "environment", verdict["summary"]
+    missing = "ImportError: libnccl.so.2: cannot open shared object file: No such file or directory"
+    assert triage_json(write(tmp_path, "import.log", [missing]))[1]["category"] == "environment"
