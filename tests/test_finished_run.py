@@ -92,3 +92,16 @@ def test_nccls_optional_plugin_probe_is_no_missing_library(tmp_path):
     assert verdict["category"] != "environment", verdict["summary"]
     missing = "ImportError: libnccl.so.2: cannot open shared object file: No such file or directory"
     assert triage_json(write(tmp_path, "import.log", [missing]))[1]["category"] == "environment"
+
+
+def test_the_kills_after_a_scheduler_ended_the_job_are_its_not_an_out_of_memory_killers(tmp_path):
+    # slurmstepd (src/slurmd/slurmstepd/req.c) reports the end, then signals every task: srun's "task N: Killed".
+    cancelled = (
+        "slurmstepd: error: *** STEP 771203.0 ON gpu-cc01 CANCELLED AT 2025-10-05T06:10:41 DUE TO TIME LIMIT ***"
+    )
+    killed = "srun: error: gpu-cc01: task 1: Killed"
+    code, verdict = triage_json(write(tmp_path, "job.log", [*STEPS, cancelled, killed]))
+    assert verdict["category"] != "host_oom" and verdict["culprit_ranks"] == [], verdict["summary"]
+    assert any(f["kind"] == "logs.scheduler_cancelled" for f in verdict["findings"])
+    # The same kill with no word from the scheduler is a kill of unknown cause, an out-of-memory kill the likeliest.
+    assert triage_json(write(tmp_path, "bare.log", [*STEPS, killed]))[1]["category"] == "host_oom"

@@ -117,6 +117,21 @@ def _endings_of_own_failures(records: LogRecords) -> list[int]:
     return [i for i, e, rank in endings if rank is not None and any(before(t, e.time) for t in own.get(rank, []))]
 
 
+def _endings_after_the_job_was_ended(records: LogRecords) -> list[int]:
+    """The events (by index) that report a rank's end after a line of the same file said the job was ended from
+    outside (a scheduler's time limit or preemption, the launcher's own death signal): the kill that follows is
+    that end's, not a failure of the rank's (no out-of-memory killer sent it)."""
+    ended_at: dict[str, int] = {}
+    for event in records.events:
+        if event.rule.ends_the_job:
+            ended_at.setdefault(event.file, event.order)
+    return [
+        i
+        for i, e in enumerate(records.events)
+        if e.rule.ending and e.file in ended_at and e.order > ended_at[e.file]
+    ]
+
+
 def _candidates(records: LogRecords) -> list[_Candidate]:
     roles = _effective_roles(records.events)
     generic = generic_lines(records)
@@ -124,6 +139,8 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
     for index in cascades:
         roles[index] = "collateral"  # a generic CUDA error after (or inside) a library's own failure
     for index in _endings_of_own_failures(records):
+        roles[index] = "collateral"
+    for index in _endings_after_the_job_was_ended(records):
         roles[index] = "collateral"
     candidates = [
         _Candidate(

@@ -64,6 +64,7 @@ _OPTIONAL = {
     "printer_waits": BOOLEAN,
     "printer_lost_peer": BOOLEAN,
     "raised_in": STRINGS,
+    "ends_the_job": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -118,6 +119,9 @@ class Rule:
     # A traceback whose innermost frame outside the standard library is another library's is not it (an
     # `OSError: [Errno 98]` from a metrics server's or a debugger's own socket is no rendezvous port).
     raised_in: tuple[str, ...] = ()
+    # The line says the job was ended from outside (a scheduler's time limit, preemption or cancel; the launcher's
+    # own death signal): the ends of ranks reported after it in its file (SIGKILL, SIGTERM) are its aftermath.
+    ends_the_job: bool = False
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -275,6 +279,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         printer_waits=bool(raw.get("printer_waits", False)),
         printer_lost_peer=bool(raw.get("printer_lost_peer", False)),
         raised_in=tuple(raw.get("raised_in", [])),
+        ends_the_job=bool(raw.get("ends_the_job", False)),
     )
 
 
