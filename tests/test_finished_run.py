@@ -105,3 +105,14 @@ def test_the_kills_after_a_scheduler_ended_the_job_are_its_not_an_out_of_memory_
     assert any(f["kind"] == "logs.scheduler_cancelled" for f in verdict["findings"])
     # The same kill with no word from the scheduler is a kill of unknown cause, an out-of-memory kill the likeliest.
     assert triage_json(write(tmp_path, "bare.log", [*STEPS, killed]))[1]["category"] == "host_oom"
+
+
+def test_deepspeeds_teardown_is_no_kill_where_its_exit_code_is_an_exceptions(tmp_path):
+    # deepspeed/launcher/launch.py sigkill_handler: "Killing subprocess {pid}" for each rank, then
+    # "{cmd} exits with return code = {code}": 1 is Python's uncaught exception, -9 a SIGKILL.
+    head = "[2024-11-09 17:12:00,000] [{}] [launch.py:319:sigkill_handler] "
+    kills = [head.format("INFO") + f"Killing subprocess {p}" for p in (5, 6)]
+    code = head.format("ERROR") + "['python3', 'train.py'] exits with return code = {}"
+    assert triage_json(write(tmp_path, "one.log", [*kills, code.format(1)]))[1]["category"] != "host_oom"
+    assert triage_json(write(tmp_path, "kill.log", [*kills, code.format(-9)]))[1]["category"] == "host_oom"
+    assert triage_json(write(tmp_path, "shell.log", [*kills, code.format(137)]))[1]["category"] == "host_oom"

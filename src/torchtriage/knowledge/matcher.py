@@ -208,6 +208,14 @@ class RuleMatch:
     facts: dict[str, str]
 
 
+def _supersedes(marker: str, text: str) -> bool:
+    """Whether a line holds a rule's `superseded_by` marker: anywhere, or, for a marker ending in "$", at its end
+    ("exits with return code = 1$" is not "... = 137")."""
+    if marker.endswith("$"):
+        return text.rstrip().endswith(marker[:-1])
+    return marker in text
+
+
 class Matcher:
     """Holds the rules of one knowledge base with the indexes that make matching fast."""
 
@@ -234,7 +242,9 @@ class Matcher:
             for rule in self.rules
             for text in rule.superseded_by
         }
-        self._prefilter_words = list(by_anchor) + list(self.superseding) + list(STRUCTURE_MARKERS)
+        # "$": the marker ends the line; the text before it is what the line holds
+        self._superseding_words = [marker.removesuffix("$") for marker in self.superseding]
+        self._prefilter_words = list(by_anchor) + self._superseding_words + list(STRUCTURE_MARKERS)
         self.prefilter = compile_prefilter(self._prefilter_words)
         self._phrase_heads = {
             rule_id: tuple((phrase, _heads_of(phrase)) for phrase in phrases)
@@ -267,7 +277,7 @@ class Matcher:
             if r.patterns
         ]
         phrases = [(phrase, heads) for heads_of in self._phrase_heads.values() for phrase, heads in heads_of]
-        alternatives = gate_alternatives(rules, phrases, [*self.superseding, *STRUCTURE_MARKERS])
+        alternatives = gate_alternatives(rules, phrases, [*self._superseding_words, *STRUCTURE_MARKERS])
         return Gate.of(alternatives, self._prefilter_words)
 
     def _candidates(self, text: str, encoded: bytes | None) -> dict[str, Rule]:
@@ -343,4 +353,4 @@ class Matcher:
 
     def superseded_rules(self, text: str) -> list[str]:
         """Ids of the rules whose earlier lines `text` withdraws."""
-        return [rule_id for marker, ids in self.superseding.items() if marker in text for rule_id in ids]
+        return [rule_id for marker, ids in self.superseding.items() if _supersedes(marker, text) for rule_id in ids]
