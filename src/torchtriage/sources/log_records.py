@@ -192,6 +192,17 @@ def _report_time(value: str) -> float | None:
     return ((day_index * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
+def _in_printers_numbering(named: int | None, facts: dict, rank_fact: str | None, printer: int | None) -> int | None:
+    """A rank a line names, as a rank of the job: a line that numbers itself (`rank`, a library's own numbering:
+    DeepEP's NVLink rank) numbers the rank it names the same way, so where its printer's own rank (`printer`, from
+    its prefix) differs, the named rank moves by as much (the NVLink peers of one node are consecutive ranks)."""
+    own = _rank_of(facts.get("rank")) if rank_fact not in (None, "rank") else None
+    if named is None or own is None or printer is None or own == printer:
+        return named
+    moved = printer - own + named
+    return moved if moved >= 0 else None
+
+
 def _rank_of(fact: str | None) -> int | None:
     """The rank a line's fact names: digits, up to the largest rank read (a line's \\d+ can be thousands of
     digits long, more than Python converts to a number)."""
@@ -244,6 +255,7 @@ class _FileReader:
                 continue  # the traceback this line ends was raised by a library the rule is not about
             event_rank = rank
             named = _rank_of(found.facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
+            named = _in_printers_numbering(named, found.facts, found.rule.rank_fact, rank)
             if named is not None:
                 event_rank = named  # the line is about another rank than the one printing it
             elif event_rank is None:

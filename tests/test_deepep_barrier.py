@@ -1,0 +1,38 @@
+"""DeepEP's intranode barrier (csrc/kernels/utils.cuh barrier_block): each rank adds FINISHED_SUM_TAG (1024) to its
+own slot for every NVLink peer and takes it off its peers' slots for itself; past the timeout it prints every slot.
+A slot still at 1024 is the peer that never arrived; the ranks that print are those that did."""
+
+from conftest import triage_json
+
+LINE = "DeepEP timeout check failed: rank = {rank}, thread = {thread}, value = {value})"
+
+
+def slots(prefix: int, rank: int, missing: int, peers: int = 8) -> list[str]:
+    return [
+        f"[rank{prefix}]:" + LINE.format(rank=rank, thread=t, value=1024 if t == missing else 0) for t in range(peers)
+    ]
+
+
+def write(tmp_path, lines):
+    path = tmp_path / "job.log"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_peer_whose_slot_is_still_set_is_named_not_the_ranks_that_printed(tmp_path):
+    lines = [line for rank in range(8) if rank != 5 for line in slots(rank, rank, missing=5)]
+    code, verdict = triage_json(write(tmp_path, lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("deepep", [5]), verdict["summary"]
+
+
+def test_one_ranks_view_names_its_peer_in_the_jobs_numbering(tmp_path):
+    # The second node's NVLink rank 2 is the job's rank 10: its peer 6 is rank 14.
+    code, verdict = triage_json(write(tmp_path, slots(10, 2, missing=6)))
+    assert verdict["culprit_ranks"] == [14], verdict["summary"]
+
+
+def test_slots_all_cleared_name_nobody(tmp_path):
+    # Older releases print no value: the printers wait, and the line does not say for whom.
+    lines = [f"[rank{r}]:DeepEP timeout check failed: rank = {r}, thread = 0)" for r in (0, 2, 3, 7)]
+    code, verdict = triage_json(write(tmp_path, lines))
+    assert verdict["category"] == "deepep" and verdict["culprit_ranks"] == [], verdict["summary"]
