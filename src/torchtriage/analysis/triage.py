@@ -126,9 +126,7 @@ def _endings_after_the_job_was_ended(records: LogRecords) -> list[int]:
         if event.rule.ends_the_job:
             ended_at.setdefault(event.file, event.order)
     return [
-        i
-        for i, e in enumerate(records.events)
-        if e.rule.ending and e.file in ended_at and e.order > ended_at[e.file]
+        i for i, e in enumerate(records.events) if e.rule.ending and e.file in ended_at and e.order > ended_at[e.file]
     ]
 
 

@@ -253,19 +253,22 @@ class _FileReader:
         for found in self.matcher.match(text):
             if ended is not None and found.rule.raised_elsewhere([f.file for f in reversed(ended.frames)]):
                 continue  # the traceback this line ends was raised by a library the rule is not about
-            event_rank = rank
-            named = _rank_of(found.facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
-            named = _in_printers_numbering(named, found.facts, found.rule.rank_fact, rank)
+            event_rank, facts = rank, found.facts
+            named = _rank_of(facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
+            named = _in_printers_numbering(named, facts, found.rule.rank_fact, rank)
             if named is not None:
                 event_rank = named  # the line is about another rank than the one printing it
-            elif event_rank is None:
-                event_rank = _rank_of(found.facts.get("rank"))
+            else:
+                if found.rule.rank_fact in facts:  # a rank no numbering places: the line names nobody
+                    facts = {k: v for k, v in facts.items() if k != found.rule.rank_fact}
+                if event_rank is None:
+                    event_rank = _rank_of(facts.get("rank"))
             if event_rank is not None:
                 self.records.ranks_seen.add(event_rank)
             self.records.events.append(
                 LogEvent(
                     rule=found.rule,
-                    facts=found.facts,
+                    facts=facts,
                     rank=event_rank,
                     time=time,
                     file=self.artifact.display,

@@ -1,6 +1,9 @@
-"""DeepEP's intranode barrier (csrc/kernels/utils.cuh barrier_block): each rank adds FINISHED_SUM_TAG (1024) to its
-own slot for every NVLink peer and takes it off its peers' slots for itself; past the timeout it prints every slot.
-A slot still at 1024 is the peer that never arrived; the ranks that print are those that did."""
+"""DeepEP's waits name the peer they waited for, never the rank that printed them (it waited).
+
+The intranode barrier (csrc/kernels/utils.cuh barrier_block): each rank adds FINISHED_SUM_TAG (1024) to its own slot
+for every NVLink peer and takes it off its peers' slots for itself; past the timeout it prints every slot. A slot
+still at 1024 is the peer that never arrived; the ranks that print are those that did. The kernels' timeouts
+(intranode.cu, internode_ll.cu) spin on a counter a peer should advance; the low-latency receive lines name it."""
 
 from conftest import triage_json
 
@@ -36,3 +39,10 @@ def test_slots_all_cleared_name_nobody(tmp_path):
     lines = [f"[rank{r}]:DeepEP timeout check failed: rank = {r}, thread = 0)" for r in (0, 2, 3, 7)]
     code, verdict = triage_json(write(tmp_path, lines))
     assert verdict["category"] == "deepep" and verdict["culprit_ranks"] == [], verdict["summary"]
+
+
+def test_a_kernel_timeout_names_no_printer_and_the_low_latency_receive_names_its_source(tmp_path):
+    senders = "[rank4]:DeepEP timeout for dispatch senders, rank 4, responsible_channel = 2"
+    assert triage_json(write(tmp_path, [senders]))[1]["culprit_ranks"] == []
+    receive = "[rank6]:Warning: DeepEP timeout for combine receive, rank 6, local_expert_idx 2, src_rank 1"
+    assert triage_json(write(tmp_path, [receive]))[1]["culprit_ranks"] == [1]
