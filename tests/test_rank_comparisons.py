@@ -41,6 +41,10 @@ def drawn_job(rng: random.Random, check: str) -> tuple[list[int], dict[int, str]
     """A job whose departed ranks (a strict minority) hold one or two other values: (departed, values)."""
     world = rng.randint(2, 24)
     departed = sorted(rng.sample(range(world), rng.randint(1, max(1, (world - 1) // 2))))
+    if check == "nccl_version":  # NCCL's code of a release: 22703 is 2.27.3
+        healthy = rng.choice((21903, 22005, 22103, 22703))
+        others = [str(v) for v in rng.sample([v for v in (21602, 21805, 22307, 22805) if v != healthy], 2)]
+        return departed, {r: rng.choice(others) if r in departed else str(healthy) for r in range(world)}
     if check == "ddp":
         params = rng.randint(1, 5000)
         others = [str(rng.choice((0, params + rng.randint(1, 9), max(0, params - rng.randint(1, 9)))))]
@@ -67,7 +71,9 @@ def check_lines(check: str, values: dict[int, str]) -> dict[int, str]:
         peer = next((r for r in sorted(values) if values[r] != own), None)
         if peer is None:
             continue
-        if check == "ddp":
+        if check == "nccl_version":  # nccl src/init.cc initTransportsRank's WARN
+            text = f"Mismatched NCCL version detected : rank {peer} version {values[peer]} rank {rank} version {own}"
+        elif check == "ddp":
             text = (
                 f"DDP expects same model across all ranks, but Rank {rank} has {own} params, while rank {peer} has "
                 f"inconsistent {values[peer]} params."
@@ -95,7 +101,7 @@ def read(lines: dict[int, str], ranks: list[int]):
     return triage_text("\n".join(lines[r] for r in ranks) + "\n", "console.log")
 
 
-@pytest.mark.parametrize("check, category", [("detail", "hang"), ("ddp", "usage")])
+@pytest.mark.parametrize("check, category", [("detail", "hang"), ("ddp", "usage"), ("nccl_version", "environment")])
 def test_every_ranks_line_names_exactly_the_departed_ranks_and_two_ranks_stay_candidates(check, category):
     for seed in range(CASES):
         departed, values = drawn_job(random.Random(seed), check)
@@ -110,7 +116,7 @@ def test_every_ranks_line_names_exactly_the_departed_ranks_and_two_ranks_stay_ca
             assert (verdict.culprit_ranks, verdict.confidence) == (departed, "high"), seed
 
 
-@pytest.mark.parametrize("check", ["detail", "ddp"])
+@pytest.mark.parametrize("check", ["detail", "ddp", "nccl_version"])
 def test_one_ranks_line_alone_never_names_a_rank_at_high_and_a_healthy_ranks_line_names_a_departed_one(check):
     # Ranks below the peer a line names run the printing rank's collective: a healthy rank's line names the first
     # departed rank. A departed rank's line can make the departed look like the majority of the ranks it shows:
@@ -131,7 +137,7 @@ def test_one_ranks_line_alone_never_names_a_rank_at_high_and_a_healthy_ranks_lin
     assert counts["wrong-medium"] <= 0.1 * medium, counts
 
 
-@pytest.mark.parametrize("check", ["detail", "ddp"])
+@pytest.mark.parametrize("check", ["detail", "ddp", "nccl_version"])
 def test_any_subset_of_the_lines_is_right_at_its_stated_confidence(check):
     # Logs that hold only some ranks' lines (one node's of several): a majority of the ranks shown may be the
     # departed ones. Calibration holds: high right >= 99 %, medium >= 90 % (a subset of the departed counts).
