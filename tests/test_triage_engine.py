@@ -351,3 +351,16 @@ def test_the_ranks_monitored_barrier_names_are_the_culprits_whatever_the_others_
         ]
     code, verdict = triage_json(write(tmp_path, "job.log", lines))
     assert (verdict["category"], verdict["culprit_ranks"]) == ("hang", [2, 5]), verdict["summary"]
+
+
+def test_loss_scale_calibration_before_another_failure_is_not_its_cause(tmp_path):
+    # deepspeed/runtime/fp16/loss_scaler.py: overflows at the start are the scaler calibrating (every rank agrees on
+    # them); the collective that times out an hour later is the failure.
+    overflow = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"
+    lines = [
+        f"[rank0]:[2024-11-17 08:00:0{i},000] [INFO] [loss_scaler.py:190:update_scale] {overflow}" for i in range(3)
+    ]
+    alone = triage_json(write(tmp_path, "alone.log", lines))[1]
+    assert alone["category"] == "nan_inf"
+    lines += [f"[rank{r}]:[E1117 09:10:01.0 ProcessGroupNCCL.cpp:689] {WATCHDOG.format(rank=r)}" for r in (0, 1, 2)]
+    assert triage_json(write(tmp_path, "then.log", lines))[1]["category"] == "nccl_timeout"
