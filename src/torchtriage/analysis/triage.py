@@ -465,7 +465,8 @@ def _finished_run(candidates: list[_Candidate], records: LogRecords) -> Assessme
         return None
     survived = _findings(candidates)
     for finding in survived:
-        finding.role = "symptom" if finding.role in ("primary", "cause") else finding.role
+        if finding.role == "primary":
+            finding.role = "symptom"
     first = reports[0]
     lead = Finding(
         "logs.job_finished",
