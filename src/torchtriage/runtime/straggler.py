@@ -17,7 +17,8 @@ Each window, on every rank alike, from every rank's window numbers:
    by chance within the window (each step's robust spread), how far the other ranks spread (with 3 or
    more), and how far this rank's excess moves from window to window (the robust spread of its successive
    changes, which a step change in a rank leaves alone, one standard error above its estimate); and at
-   least 1% of the step, below which naming a rank is not worth a user's time. Nothing is judged before
+   least 1% of the step, below which naming a rank is not worth a user's time, and one scheduler slice
+   (0.75 ms), below which a core shared with other work explains it. Nothing is judged before
    three windows have shown that noise. A GPU rank beyond the margin is `compute` when its host was ahead
    of its device, `launch` when its device waited for its host (most sampled forwards done by the time the
    host had launched the backward) and its host's forward is the longer by half the excess; a device that
@@ -52,6 +53,10 @@ NOISE_MULTIPLE = 3.0  # one-sided: 0.13% of windows by chance, and a decision ne
 MIN_CHANGES = 2  # window-to-window changes of a rank's excess (or the job's step) before anything is judged
 MAD_RELATIVE_ERROR = 1.17
 WORTH_NAMING = 0.01  # of the step: a rank or a slowdown costing less is not named
+# Linux's shortest scheduler slice (CFS's minimum granularity, EEVDF's base slice: 0.75 ms, more with more
+# CPUs). A thread that shares its core with another runnable one for a while waits up to a slice each time it
+# wakes: a rank longer by less than that per step may only have had company on its core.
+SCHEDULER_SLICE = 0.75e-3
 PERSISTENT_WINDOWS = 3
 HISTORY_WINDOWS = 16  # recent windows whose changes make a rank's noise, and whose calm make the job's baseline
 BASELINE_NEEDED = 3
@@ -97,6 +102,12 @@ def _series_noise(values: Sequence[float]) -> float | None:
         return None
     spread = MAD_SCALE * statistics.median(changes) / math.sqrt(2)
     return spread * (1 + MAD_RELATIVE_ERROR / math.sqrt(len(changes)))
+
+
+def _least_worth_naming(step: float) -> float:
+    """The smallest excess per step a decision states, whatever the noise: 1% of the step, and one
+    scheduler slice (below it, a core shared with other work for a while explains it)."""
+    return max(WORTH_NAMING * step, SCHEDULER_SLICE)
 
 
 def _lower_median(values: Sequence[float]) -> float:
@@ -175,7 +186,7 @@ class Decider:
                 history.append(value - centre)
                 if noise is None:
                     continue  # the job's noise is not known yet: nothing is judged before it is
-                margin = max(NOISE_MULTIPLE * noise, WORTH_NAMING * step)
+                margin = max(NOISE_MULTIPLE * noise, _least_worth_naming(step))
                 if value - centre > margin:
                     reason = _device_reason(stats, rank, value - centre) if phase == "gpu" else _REASONS[phase]
                     if reason is not None:
@@ -193,7 +204,7 @@ class Decider:
             return None
         noise = max(statistics.median(_error(s, "wall") for s in stats.values()), _series_noise(self.calm["wall"]) or 0)
         growth = step - before
-        margin = max(NOISE_MULTIPLE * noise, WORTH_NAMING * before)
+        margin = max(NOISE_MULTIPLE * noise, _least_worth_naming(before))
         if growth <= margin:
             return None
         own = ("data", compute_phase(stats))
@@ -241,7 +252,7 @@ class Decider:
 
     def _phase_margin(self, stats: Stats, phase: str, step: float) -> float:
         noise = max(statistics.median(_error(s, phase) for s in stats.values()), _series_noise(self.calm[phase]) or 0.0)
-        return max(NOISE_MULTIPLE * noise, WORTH_NAMING * step)
+        return max(NOISE_MULTIPLE * noise, _least_worth_naming(step))
 
     @staticmethod
     def _shared_candidate(stats: Stats, phase: str, before: float, margin: float) -> Candidate:
