@@ -64,15 +64,6 @@ def _wait_for_verdict(path: Path, accept, timeout: float, job: Job) -> dict:
     raise AssertionError(f"no such verdict in {path}: {found}\n{''.join(job.lines)[-2000:]}")
 
 
-def _torch_teardown_abort(output: str) -> bool:
-    """torch 2.13's known abort of a gloo rank at interpreter exit with the flight recorder armed (which `run` does):
-    after the rank's last line, "terminate called without an active exception", exit code -6. Reproduced without
-    torchtriage (plain torchrun, TORCH_FR_BUFFER_SIZE set: 2 of 10 healthy runs; 0 of 8 without it): docs/runtime.md.
-    Anything else that ends a healthy job fails the test."""
-    tail = output.rsplit("DONE rank=", 1)[-1]
-    return "terminate called without an active exception" in tail and "(exitcode: -6)" in tail
-
-
 def _episode(number: int):
     return lambda verdict: verdict["facts"].get("watchdog", {}).get("episode") == number
 
@@ -84,10 +75,22 @@ def test_a_healthy_job_gets_no_stall_verdict_however_its_time_is_spent(tmp_path,
     # Four stall windows pass in each: the steps and the collectives move, nothing is a stall.
     job = _start(tmp_path, 2, {"HARM_MODE": mode, "HARM_SECONDS": "10", "HARM_PAUSE": "0.5"})
     code, output = _finish(job, 240)
-    assert code == 0 or _torch_teardown_abort(output), output[-3000:]
+    assert code == 0, output[-3000:]
     assert output.count("DONE rank=") == 2, output[-3000:]
     assert _evidence(tmp_path / "run") == [], f"{_evidence(tmp_path / 'run')}\n{output[-2000:]}"
     assert "a stall was diagnosed" not in output
+
+
+def test_a_healthy_gloo_job_that_leaves_its_group_to_the_exit_ends_0_every_time(tmp_path):
+    # torch 2.13 aborts a gloo rank at interpreter exit now and then when the flight recorder (which `run` arms)
+    # is on and the group is still alive ("terminate called without an active exception", -6): 8 of 12 such
+    # runs under `run` before the armed rank paused for gloo's workers at exit (docs/runtime.md). Each exits 0.
+    for attempt in range(4):
+        (tmp_path / str(attempt)).mkdir()
+        job = _start(tmp_path / str(attempt), 60, {"HARM_MODE": "leave_groups", "HARM_SECONDS": "1"})
+        code, output = _finish(job, 240)
+        assert code == 0, f"attempt {attempt}: {output[-3000:]}"
+        assert output.count("DONE rank=") == 2, output[-3000:]
 
 
 def test_each_stall_gets_its_own_verdict_and_the_earlier_one_is_kept(tmp_path):

@@ -39,6 +39,19 @@ STALL_SECONDS_ENV = "TORCHTRIAGE_STALL_SECONDS"
 HANG_SUBDIR = "hang"
 FR_SUBDIR = "fr"
 FR_PREFIX = "nccl_trace_rank_"
+# The flight recorder's variables: (new spelling, older spelling, first torch that reads the new one). Older torch
+# gets both spellings; from that version on only the new one, because torch warns that the old one is deprecated.
+FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", (2, 10))
+FR_DUMP_ON_TIMEOUT_ENV = ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT", (2, 15))
+FR_DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (2, 10))
+
+
+def fr_spellings(variable: tuple[str, str, tuple[int, int]], torch_version: tuple[int, int]) -> tuple[str, ...]:
+    """The names to set for one flight-recorder variable on a torch release ((0, 0): unknown, both)."""
+    new, old, since = variable
+    return (new,) if torch_version >= since else (new, old)
+
+
 # The watchdog's faulthandler backstop: a file each rank holds open for a timer that fires only when the rank's
 # own threads cannot run (the GIL held forever). Empty is its normal state, not a file that failed to be written.
 BACKSTOP_PREFIX = "faulthandler-backstop-rank"

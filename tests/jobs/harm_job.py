@@ -15,6 +15,8 @@ rank0_steps      rank 0 takes HARM_STEPS optimizer steps while rank 1 waits in a
                  joins the barrier and both exit 0
 own_timer        the program arms faulthandler.dump_traceback_later(HARM_PAUSE, exit=True), then sleeps:
                  its own timer must end it (exit code 1)
+leave_groups     DDP training for HARM_SECONDS, prints DONE, all_reduces a few times and exits 0 at once,
+                 without destroying the process group (the interpreter's exit tears it down)
 child            each rank starts a child Python (it inherits RANK and the run's variables) that sleeps
                  HARM_PAUSE seconds, then the rank exits 0; the child outlives the job
 """
@@ -100,6 +102,12 @@ def main() -> None:
         print(f"DONE rank={rank}", flush=True)
         return
     model, optimizer = model_and_optimizer()
+    if mode == "leave_groups":  # a healthy job that leaves its groups to the interpreter's exit, as many do
+        train_for(seconds, model, optimizer)
+        print(f"DONE rank={rank}", flush=True)
+        for _ in range(50):  # the job's last work is collectives, and then the interpreter's exit at once
+            dist.all_reduce(torch.ones(4))
+        return
     if mode == "busy":
         print(f"DONE rank={rank} steps={train_for(seconds, model, optimizer)}", flush=True)
     elif mode == "idle":

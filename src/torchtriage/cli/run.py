@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -41,12 +42,16 @@ from torchtriage.protocol import (
     DEBUG_SERVER_ENV,
     DEBUG_SERVER_FILE,
     FIRST_ATTEMPT_ENV,
+    FR_BUFFER_ENV,
+    FR_DUMP_FILE_ENV,
+    FR_DUMP_ON_TIMEOUT_ENV,
     FR_PREFIX,
     FR_SUBDIR,
     MONITOR_WINDOW_ENV,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
     attempt_dir,
+    fr_spellings,
     make_private_folders,
     open_private,
     open_to_others,
@@ -88,27 +93,40 @@ def add_arguments(verb: str, parser: argparse.ArgumentParser) -> None:
     )
 
 
-def flight_recorder_env(out_dir: Path, environ: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+def flight_recorder_env(
+    out_dir: Path, environ: dict[str, str], torch_version: tuple[int, int]
+) -> tuple[dict[str, str], list[str]]:
     """The flight-recorder settings to add, and a warning for each that the user already set differently.
 
-    Both spellings are set: torch reads TORCH_FR_* now and TORCH_NCCL_* in older releases.
+    A variable the user set under either spelling is theirs (torch reads the new one first: adding it
+    would override theirs). Otherwise the spellings the job's torch reads: both on releases before the
+    new one, only the new one after (torch warns, once per rank, that the old one is deprecated).
     """
     prefix = str(out_dir / FR_SUBDIR / FR_PREFIX)
-    wanted = {
-        "TORCH_FR_BUFFER_SIZE": "20000",
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "20000",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_FR_DUMP_TEMP_FILE": prefix,
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": prefix,
-    }
+    wanted = ((FR_BUFFER_ENV, "20000"), (FR_DUMP_ON_TIMEOUT_ENV, "1"), (FR_DUMP_FILE_ENV, prefix))
     added, kept = {}, []
-    for name, value in wanted.items():
-        current = environ.get(name)
-        if current in (None, ""):
-            added[name] = value
-        elif current != value:
-            kept.append(f"{name}={current} (yours, kept; torchtriage would set {value})")
+    for variable, value in wanted:
+        theirs = [(name, environ[name]) for name in variable[:2] if environ.get(name) not in (None, "")]
+        if not theirs:
+            added.update(dict.fromkeys(fr_spellings(variable, torch_version), value))
+        kept += [
+            f"{name}={current} (yours, kept; torchtriage would set {value})"
+            for name, current in theirs
+            if current != value
+        ]
     return added, kept
+
+
+def installed_torch_version() -> tuple[int, int]:
+    """The release of the torch this Python would import, read from its metadata (importing torch takes
+    seconds); (0, 0) when there is none."""
+    from importlib import metadata
+
+    try:
+        found = re.match(r"(\d+)\.(\d+)", metadata.version("torch"))
+    except metadata.PackageNotFoundError:
+        return (0, 0)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def armed_environment(
@@ -129,7 +147,7 @@ def armed_environment(
         spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
         if Path(spy).exists():
             env["PATH"] = os.pathsep.join(p for p in (environ.get("PATH", ""), str(Path(spy).parent)) if p)
-    added, kept = flight_recorder_env(out_dir, environ)
+    added, kept = flight_recorder_env(out_dir, environ, installed_torch_version())
     env.update(added)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(INJECT_DIR), environ.get("PYTHONPATH", "")) if p)
     env[RUN_DIR_ENV] = str(out_dir)

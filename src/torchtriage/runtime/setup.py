@@ -31,7 +31,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from torchtriage.protocol import FR_PREFIX, FR_SUBDIR, RUN_DIR_ENV
+from torchtriage.protocol import (
+    FR_BUFFER_ENV,
+    FR_DUMP_FILE_ENV,
+    FR_DUMP_ON_TIMEOUT_ENV,
+    FR_PREFIX,
+    FR_SUBDIR,
+    RUN_DIR_ENV,
+    fr_spellings,
+)
 from torchtriage.runtime.env import (
     NCCL_TIMEOUT_ENV,
     env_str,
@@ -43,11 +51,6 @@ from torchtriage.runtime.env import (
 
 FR_BUFFER_SIZE = 20000
 
-# (new spelling, older spelling, first torch that reads the new one). Older torch gets both spellings; from
-# that version on only the new one, because torch warns that the old spelling is deprecated.
-FR_BUFFER_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE", (2, 10))
-FR_DUMP_ON_TIMEOUT_ENV = ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT", (2, 15))
-FR_DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (2, 10))
 STORE_PREFIX = "torchtriage/store/"
 
 LAUNCH_HELP = (
@@ -171,7 +174,7 @@ def set_flight_recorder_env(dump_dir: str | os.PathLike | None = None) -> Path:
         (FR_DUMP_ON_TIMEOUT_ENV, 1),
         (FR_DUMP_FILE_ENV, str(dump_dir / FR_PREFIX)),
     ):
-        names = (new,) if version >= since and env_str(old) is None else (new, old)
+        names = fr_spellings((new, old, since), version) if env_str(old) is None else (new, old)
         set_env_aliases(names, value, reason=reason)
     return dump_dir
 
@@ -243,6 +246,10 @@ def init_distributed(
 
     inherit_timeout(timeout)
     dist.init_process_group(backend=backend, timeout=timeout, **kwargs)
+    if arm_flight_recorder:
+        from torchtriage.runtime import gloo_exit
+
+        gloo_exit.register()  # an armed recorder must not abort a gloo rank at exit (gloo_exit.py)
 
     from torchtriage.runtime import fingerprint
 

@@ -43,6 +43,9 @@ def _start_watchdog():
         from torchtriage.runtime.watchdog import start_from_environment
 
         start_from_environment()
+        from torchtriage.runtime.gloo_exit import register
+
+        register()  # the flight recorder `run` armed must not abort a gloo rank at exit (gloo_exit.py)
     except Exception as err:  # noqa: BLE001 - never stop a rank from starting
         print(f"torchtriage: the hang watchdog did not start: {type(err).__name__}: {err}", file=sys.stderr)
 
