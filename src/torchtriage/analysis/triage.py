@@ -519,7 +519,14 @@ def _assess_logs(records: LogRecords) -> Assessment:
     if not culprits and primary.role == "primary":
         # One event, two lines: a kernel's assertion prints no rank, the `[rank1]: ... device-side assert
         # triggered` after it does.
-        culprits = _rank_list({c.rank for c in candidates if c.category == primary.category and c.role != "collateral"})
+        # A printer that is not where the failure is stays unnamed here too.
+        culprits = _rank_list(
+            {
+                c.rank
+                for c in candidates
+                if c.category == primary.category and c.role != "collateral" and not _printer_waits(c)
+            }
+        )
     findings = _findings(candidates)
     lead = next(f for f in findings if f.kind == primary.kind and f.role == primary.role)
     # The same failure's other lines complete its facts; a generic CUDA error it caused says nothing of it.
