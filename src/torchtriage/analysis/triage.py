@@ -687,6 +687,10 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
     )
     if lead is not None:
         return f"{head}; {lead.message}"
+    if not culprits and primary.role == "primary" and facts.get("host") and facts.get("task"):
+        # A launcher's task that ran torchrun's agent: a node, not a rank (sources/log_records.py)
+        agent = f"the launcher's task {facts['task']}: a node's torchrun agent, whose ranks the log does not say"
+        return f"{head} on {facts['host']} ({agent})"
     if not culprits and primary.role == "primary":
         return f"{head}; the log does not say which rank"
     if not culprits:

@@ -28,6 +28,18 @@ STRUCTURE_MARKERS = (
     "(local_rank: ",
     "exitcode  :",
 )
+# Lines only torchrun's agent prints (its banner from run.py, its agent's and process manager's logging, by path
+# or by logger name; a rank's own traceback through the `@record` decorator passes elastic/multiprocessing/errors,
+# never these): in a file holding one, a launcher's task or process number (srun's "task 1", mpirun's "process
+# rank 1") numbers a node's agent, not a rank (sources/log_records.py).
+AGENT_MARKERS = (
+    "torch/distributed/run.py:",
+    "torch/distributed/elastic/agent/",
+    "torch/distributed/elastic/multiprocessing/api.py:",
+    "torch.distributed.elastic.agent.",
+    "torch.distributed.elastic.multiprocessing.api:",
+)
+STRUCTURE_MARKERS += AGENT_MARKERS
 
 
 # How often a byte starts a regex attempt in a typical log, roughly: the prefilter starts each word at its

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 
 from torchtriage.knowledge.matcher import Matcher
+from torchtriage.knowledge.prefilter import AGENT_MARKERS
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame
 from torchtriage.sources import limits
@@ -224,6 +225,8 @@ class _FileReader:
         self.superseded_before: dict[str, int] = {}  # rule id -> last line that withdraws it
         self.ignored_at: dict[int | None, int] = {}  # rank -> the line of its last "Exception ignored in"
         self.first_event = len(records.events)
+        self.agents_seen = False  # a line only torchrun's agent prints
+        self.task_events: list[LogEvent] = []  # events whose rank is a launcher's task number (settled at close)
 
     def reads_every_hit(self) -> bool:
         """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
@@ -237,7 +240,10 @@ class _FileReader:
         counted = self.matcher.could_match(raw)
         if not counted and not self.reads_every_hit():
             return
-        line = normalise(raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace"))
+        decoded = raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace")
+        if not self.agents_seen and any(marker in decoded for marker in AGENT_MARKERS):
+            self.agents_seen = True  # in the raw line: glog's header, which names the file, is peeled off below
+        line = normalise(decoded)
         rank = line.rank if line.rank is not None else self.artifact.rank
         text = line.text
         in_report = self._track_report(text, line_no)
@@ -263,21 +269,25 @@ class _FileReader:
                     facts = {k: v for k, v in facts.items() if k != found.rule.rank_fact}
                 if event_rank is None:
                     event_rank = _rank_of(facts.get("rank"))
-            if event_rank is not None:
+            by_task = event_rank is None and "task" in facts
+            if by_task:
+                event_rank = _rank_of(facts["task"])
+            elif event_rank is not None:
                 self.records.ranks_seen.add(event_rank)
-            self.records.events.append(
-                LogEvent(
-                    rule=found.rule,
-                    facts=facts,
-                    rank=event_rank,
-                    time=time,
-                    file=self.artifact.display,
-                    line=line_no,
-                    text=text.strip(),
-                    order=len(self.records.events),
-                    severity=line.severity or _level(text),
-                )
+            event = LogEvent(
+                rule=found.rule,
+                facts=facts,
+                rank=event_rank,
+                time=time,
+                file=self.artifact.display,
+                line=line_no,
+                text=text.strip(),
+                order=len(self.records.events),
+                severity=line.severity or _level(text),
             )
+            self.records.events.append(event)
+            if by_task:
+                self.task_events.append(event)
         if rank is not None and counted:
             self.records.ranks_seen.add(rank)
 
@@ -360,12 +370,25 @@ class _FileReader:
         # A traceback cut off by the end of the log still locates the failure.
         self.records.tracebacks.extend(self.open_tracebacks.values())
         self.open_tracebacks.clear()
+        self._settle_task_ranks()
         if self.superseded_before:
             mine = self.records.events[self.first_event :]
             kept = [e for e in mine if e.line > self.superseded_before.get(e.rule.id, 0)]
             self.records.events[self.first_event :] = kept
             for order, event in enumerate(kept, self.first_event):
                 event.order = order
+
+    def _settle_task_ranks(self) -> None:
+        """A launcher's task or process number (srun's "task 1", mpirun's "process rank 1") is the rank where the
+        launcher started the ranks themselves; where the file shows torchrun's agents, the launcher started one
+        agent per node (`srun --ntasks-per-node 1 torchrun ...`) and the number is the node's: the line names no
+        rank (its host fact still names the machine)."""
+        for event in self.task_events:
+            if self.agents_seen:
+                event.rank = None
+            elif event.rank is not None:
+                self.records.ranks_seen.add(event.rank)
+        self.task_events.clear()
 
 
 # Below this many logs, forking costs more than reading them here (a small log takes about 40 µs to read).

@@ -60,8 +60,10 @@ _READ_AS_LOGS = (b"nonfinite", b"straggler", b"run_exit")
 _DOCUMENTS = (".md", ".rst", ".html", ".htm", ".svg", ".png", ".jpg", ".jpeg", ".pdf")
 _SOURCE_CODE = (".py", ".sh", ".cfg", ".toml", ".yaml", ".yml")
 
-# Per-rank files come with any naming: rank3.log, rank_03.txt, worker-3.out, log.rank3, node1-rank12.err.
-_RANK_WORD = re.compile(r"(?:^|[^a-z])(?:rank|worker|proc|process)[-_.]?(\d{1,12})(?!\d)", re.IGNORECASE)
+# Per-rank files come with any naming: rank3.log, rank_03.txt, proc-3.out, log.rank3, node1-rank12.err. Not
+# "worker-N": Kubeflow's PyTorchJob names its pods <job>-worker-<n> and DeepSpeed's hostfiles name hosts worker-<n>,
+# one per node, each holding many ranks; a file named after one is a node's.
+_RANK_WORD = re.compile(r"(?:^|[^a-z])(?:rank|proc|process)[-_.]?(\d{1,12})(?!\d)", re.IGNORECASE)
 # torchrun --log-dir writes <dir>/<run_id>/attempt_<n>/<local_rank>/{stdout,stderr}.log
 _TORCHRUN_LAYOUT = re.compile(r"attempt_\d+[/\\](\d{1,12})[/\\](?:stdout|stderr|error)\.(?:log|json)$")
 # Dumps and traces written as <prefix><rank>: nccl_trace_rank_3, comm_lib_trace_3, trace.3.json.gz

@@ -1,0 +1,55 @@
+"""A launcher's numbers are ranks only where the launcher started the ranks: srun's "task N" and mpirun's "process
+rank N" number torchrun's agents (one per node) where the file shows them, and a file named after a Kubeflow pod
+or a DeepSpeed host ("worker-1") is a node's. Logs written from the programs' format strings."""
+
+from conftest import triage_json
+
+# torch/distributed/run.py: the banner torchrun's agent prints when it sets OMP_NUM_THREADS for its workers
+BANNER = [
+    "W0304 08:00:00.000000 2211 torch/distributed/run.py:793] *****************************************",
+    "W0304 08:00:00.000000 2211 torch/distributed/run.py:793] Setting OMP_NUM_THREADS environment variable for each "
+    "process to be 1 in default, to avoid your system being overloaded, please further tune the variable for optimal "
+    "performance in your application as needed. ",
+]
+STEPS = [f"[rank0]:step {i} | loss {3.0 - i / 100:.2f}" for i in range(1, 9)]
+# Slurm src/srun: "srun: error: %s: task %s: Out Of Memory"; Open MPI help-errmgr-base.txt proc-aborted-strsignal
+SRUN_OOM = "srun: error: gpu-node-02: task 1: Out Of Memory"
+MPI_KILLED = "mpirun noticed that process rank 1 with PID 4242 on node gpu-b07 exited on signal 9 (Killed)."
+# a rank's own traceback through torch.distributed.elastic's @record decorator: no agent's line
+RECORDED = [
+    "[rank3]: Traceback (most recent call last):",
+    '[rank3]:   File "/opt/venv/lib/python3.11/site-packages/torch/distributed/elastic/multiprocessing/errors/'
+    '__init__.py", line 357, in wrapper',
+    "[rank3]:     return f(*args, **kwargs)",
+    "[rank3]: ValueError: bad sample",
+]
+
+
+def write(tmp_path, lines, name="job.log"):
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_a_task_of_srun_that_ran_torchrun_is_a_node_not_a_rank(tmp_path):
+    _, verdict = triage_json(write(tmp_path, [*BANNER, *STEPS, SRUN_OOM]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("host_oom", []), verdict["summary"]
+    assert "gpu-node-02" in verdict["summary"] and "task 1" in verdict["summary"]
+
+
+def test_a_task_of_srun_that_ran_the_ranks_is_a_rank(tmp_path):
+    for lines in ([*STEPS, SRUN_OOM], [*STEPS, *RECORDED, SRUN_OOM]):
+        _, verdict = triage_json(write(tmp_path, lines))
+        assert (verdict["category"], verdict["culprit_ranks"]) == ("host_oom", [1]), verdict["summary"]
+
+
+def test_mpiruns_process_rank_follows_what_it_started(tmp_path):
+    assert triage_json(write(tmp_path, [*BANNER, *STEPS, MPI_KILLED]))[1]["culprit_ranks"] == []
+    assert triage_json(write(tmp_path, [*STEPS, MPI_KILLED]))[1]["culprit_ranks"] == [1]
+
+
+def test_a_file_named_after_a_worker_pod_or_host_names_no_rank(tmp_path):
+    # Kubeflow PyTorchJob pods are <job>-worker-<n>; `kubectl describe pod` of one (container status reason)
+    pod = ["Name:             llm-pretrain-worker-1", "    Last State:     Terminated", "      Reason:       OOMKilled"]
+    assert triage_json(write(tmp_path, pod, "llm-pretrain-worker-1.log"))[1]["culprit_ranks"] == []
+    assert triage_json(write(tmp_path, pod, "rank1.log"))[1]["culprit_ranks"] == [1]
