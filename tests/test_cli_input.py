@@ -58,6 +58,9 @@ def test_a_log_with_an_unwritten_stretch_is_read_around_it(tmp_path):
     # A hole at the head of the file, text after it in the head: still a log.
     (tmp_path / "head.log").write_bytes(b"\x00" * 2048 + OOM.read_bytes())
     assert triage_json(tmp_path / "head.log")[1]["category"] == "oom"
+    # A stray NUL a program printed on one line (a C string's terminator written with it): a log, read whole.
+    (tmp_path / "stray.log").write_bytes(steps + b"[rank0]: caf\xe9 \x00\n" + OOM.read_bytes())
+    assert triage_json(tmp_path / "stray.log")[1]["category"] == "oom"
     # NUL bytes among control bytes (a binary format's fields), or nothing but NULs: binary data, not read.
     (tmp_path / "fields.bin").write_bytes(b"ELF\x02\x01\x00\x00\x03\x00>\x00\x01\x00\x00\x00" * 300)
     (tmp_path / "zeros.log").write_bytes(b"\x00" * 10000)

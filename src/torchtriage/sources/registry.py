@@ -119,14 +119,15 @@ _HOLE_BYTES = 16  # NULs shorter than this on average are a binary format's fiel
 
 
 def _text_with_holes(data: bytes) -> bool:
-    """Text whose unwritten stretches read as NUL bytes: a file extended but never written there, as a node's
-    crash leaves a log on a shared file system (its size was recorded, its last blocks not). The NULs come in
-    long runs, and what lies between them is text; a binary format's NULs are short and among control bytes."""
+    """Text with NUL bytes in it: unwritten stretches (a file extended but never written there, as a node's
+    crash leaves a log on a shared file system: its size was recorded, its last blocks not), which come in long
+    runs, or a stray NUL or two a program printed (at most one byte in a hundred). Either way what lies between
+    them is text; a binary format's NULs are many and short, among control bytes."""
     rest = data.replace(b"\x00", b"")
     if not rest.strip():
         return False
-    runs = len(_NUL_RUN.findall(data))
-    if len(data) - len(rest) < _HOLE_BYTES * runs:
+    nuls = len(data) - len(rest)
+    if nuls < _HOLE_BYTES * len(_NUL_RUN.findall(data)) and nuls * 100 > len(data):
         return False
     return len(rest.translate(None, _TEXT_BYTES)) * 100 <= len(rest)
 
