@@ -63,6 +63,20 @@ def test_watchdog_timeouts_alone_do_not_blame_the_ranks_that_waited(tmp_path):
     assert verdict["facts"]["numel_in"] == "1048576"
 
 
+def test_the_one_rank_below_the_highest_that_never_timed_out_is_the_culprit_at_medium(tmp_path):
+    # A rank that never reached the collective has nothing to time out on: its watchdog times only what it
+    # enqueued. Among ranks 0-7, the silent rank 3 is it; two silent ranks are candidates. Read from an absence
+    # (its output may be missing), never high.
+    for silent, culprits, candidates in (({3}, [3], None), ({3, 5}, [], [3, 5])):
+        lines = [
+            f"[rank{r}]:[E1130 10:20:0{r}.0 ProcessGroupNCCL.cpp:689] " + WATCHDOG.format(rank=r) for r in range(8)
+        ]
+        write(tmp_path, "job.log", [line for r, line in enumerate(lines) if r not in silent])
+        verdict = triage_json(tmp_path / "job.log")[1]
+        assert (verdict["culprit_ranks"], verdict["confidence"]) == (culprits, "medium"), verdict["summary"]
+        assert verdict["facts"].get("candidates") == candidates
+
+
 def test_rank0_can_be_the_culprit(tmp_path):
     lines = [
         "[rank1]:[E1130 10:20:01.0 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 1]  failure "

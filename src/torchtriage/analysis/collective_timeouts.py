@@ -291,7 +291,42 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     facts.update(traceback_facts)
     if finding is not None:
         findings.append(finding)
+    if not culprits and finding is None:
+        culprits, absent_findings, absent_facts = absent_from_timeout(records, waiting_ranks)
+        findings += absent_findings
+        facts.update(absent_facts)
     return culprits, findings, facts
+
+
+def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], list[Finding], dict]:
+    """Reading 4: the ranks that printed no failure line while the others timed out in a collective. A rank that
+    never reached the collective has nothing to time out on (its watchdog times only what it enqueued), so it is
+    silent where its peers report: one such rank below the highest reporting one is the culprit, several are the
+    candidates. Read from an absence (a rank whose output is missing from the logs looks the same), so never more
+    than medium (analysis/triage.py)."""
+    seen = records.ranks_seen
+    timed_out = {e.rank for e in records.events if e.rule.category == "nccl_timeout"}
+    if len(waiting_ranks) < 2 or not waiting_ranks <= seen & timed_out:
+        return [], [], {}  # only ranks that said they timed out (a report of a mismatch, or an excerpt, says less)
+    silent = sorted(set(range(max(seen) + 1)) - seen)
+    if not silent or len(silent) > SILENT_LISTED_MAX:
+        return [], [], {}
+    one = len(silent) == 1
+    message = (
+        f"{format_ranks(silent)} printed no failure line while {format_ranks(sorted(waiting_ranks))} timed out "
+        f"waiting in the collective: {'it' if one else 'one of them'} never reached it (a rank that never enqueues a "
+        "collective has nothing to time out on), or its output is not in these logs"
+    )
+    finding = Finding(
+        "logs.silent_rank",
+        silent,
+        message,
+        "primary" if one else "symptom",
+        "hang",
+        [],
+        {} if one else {"undecided": True},
+    )
+    return (silent if one else []), [finding], {"silent_ranks": silent}
 
 
 # Past this many silent ranks the logs are a sample of a large job, not its census: they are counted, not listed.
