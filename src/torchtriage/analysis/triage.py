@@ -31,6 +31,7 @@ from torchtriage.analysis.stall import (
     starts_mid_message,
     what_was_seen,
 )
+from torchtriage.analysis.xid_buses import job_gpus, place
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -130,6 +131,25 @@ def _endings_after_the_job_was_ended(records: LogRecords) -> list[int]:
     ]
 
 
+def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
+    """The rank each GPU-fault line's PCI address places it on (event index -> rank), by the job's NCCL set-up
+    lines; a line about a GPU none of the job's ranks used is made collateral in `roles` (analysis/xid_buses.py)."""
+    gpus = job_gpus(records.events)
+    placed: dict[int, int] = {}
+    if gpus is None:
+        return placed
+    faults = [(i, e) for i, e in enumerate(records.events) if e.rule.category == "gpu_fault"]
+    # One line can reach several rules; the address one of them read places the line.
+    by_line = {(e.file, e.line): where for _, e in faults if (where := place(e, gpus)) is not None}
+    for index, event in faults:
+        where = by_line.get((event.file, event.line))
+        if where == "foreign":
+            roles[index] = "collateral"
+        elif where is not None:
+            placed[index] = where
+    return placed
+
+
 def _candidates(records: LogRecords) -> list[_Candidate]:
     roles = _effective_roles(records.events)
     generic = generic_lines(records)
@@ -140,6 +160,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
         roles[index] = "collateral"
     for index in _endings_after_the_job_was_ended(records):
         roles[index] = "collateral"
+    placed = _xid_places(records, roles)
     candidates = [
         _Candidate(
             role,
@@ -147,7 +168,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             e.rule.category,
             e.rule.id,
             e.rule.title,
-            e.rank,
+            placed.get(index, e.rank),
             e.time,
             e.file,
             e.line,

@@ -1,0 +1,92 @@
+"""Which rank's GPU an Xid is about, from the PCI bus both sides print (pure: reads log events).
+
+The driver's Xid lines name a GPU by its PCI address (`NVRM: Xid (PCI:0000:ab:00): 79, ...`, NVIDIA's kernel
+module); NCCL's `Init COMPLETE` line gives each rank's GPU by the same address, packed into one number
+(`rank 5 nranks 8 cudaDev 5 busId ab000`: src/misc/utils.cc int64ToBusId, domain << 20 | bus << 12 |
+device << 4 | function). Read from the communicator that spans the most ranks (the world's: its rank is the
+global one), they say:
+
+- the Xid's GPU is one rank's: that rank is where the fault is, whatever the launcher reported first;
+- the Xid's GPU is none of the job's, on a node where every rank's GPU is known: another tenant's GPU (or one
+  the job did not use); the Xid says nothing of this job.
+
+A host on the Xid line (syslog's `host kernel:`) must be the NCCL line's (`host:pid:tid [dev]`); where the
+Xid line has none, its GPU is placed only when one node's ranks could hold it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torchtriage.sources.log_records import LogEvent
+
+INIT_RULE = "nccl.init_progress_only"
+_NCCL_HOST = re.compile(r"^(?P<host>[^\s:]{1,255}):\d{1,10}:\d{1,10} \[\d{1,4}\]")
+_KERNEL_HOST = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: (?:\[[\s\d.]+\] )?NVRM: ")
+_PCI = re.compile(
+    r"(?:PCI:)?(?P<domain>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<device>[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-9A-Fa-f]))?$"
+)
+
+
+@dataclass(frozen=True)
+class JobGpus:
+    """Each rank's GPU, as (host or None, bus number), from the world communicator's set-up lines."""
+
+    world: int
+    by_gpu: dict[tuple[str | None, int], int]
+
+    @property
+    def complete(self) -> bool:
+        return len(set(self.by_gpu.values())) == self.world
+
+    @property
+    def hosts(self) -> set[str | None]:
+        return {host for host, _ in self.by_gpu}
+
+
+def job_gpus(events: Sequence[LogEvent]) -> JobGpus | None:
+    inits = [e for e in events if e.rule.id == INIT_RULE and "bus_id" in e.facts and "world_size" in e.facts]
+    if not inits:
+        return None
+    world = max(int(e.facts["world_size"]) for e in inits)
+    by_gpu = {}
+    for event in inits:
+        if int(event.facts["world_size"]) != world or not event.facts.get("rank", "").isdigit():
+            continue
+        host = _NCCL_HOST.match(event.text)
+        by_gpu[(_short(host.group("host")) if host else None, int(event.facts["bus_id"], 16))] = int(
+            event.facts["rank"]
+        )
+    return JobGpus(world, by_gpu) if by_gpu else None
+
+
+def xid_bus(event: LogEvent) -> int | None:
+    """The bus number of an Xid line's GPU, as NCCL packs it."""
+    found = _PCI.match(event.facts.get("device", ""))
+    if found is None:
+        return None
+    domain, bus, device = (int(found.group(k), 16) for k in ("domain", "bus", "device"))
+    return domain << 20 | bus << 12 | device << 4 | int(found.group("fn") or "0", 16)
+
+
+def place(event: LogEvent, gpus: JobGpus) -> int | str | None:
+    """The rank whose GPU the Xid names; "foreign" for a GPU none of the job's ranks used on a node the job's
+    every rank is known on; None where the lines cannot say."""
+    bus = xid_bus(event)
+    if bus is None:
+        return None
+    host = _KERNEL_HOST.search(event.text)
+    host = _short(host.group("host")) if host else None
+    if host is None and len(gpus.hosts) > 1:
+        return None  # which node's kernel printed it is not said
+    ranks = [r for (h, b), r in gpus.by_gpu.items() if b == bus and (host is None or h is None or h == host)]
+    if len(ranks) == 1:
+        return ranks[0]
+    on_a_job_node = host is None or host in gpus.hosts
+    return "foreign" if not ranks and gpus.complete and on_a_job_node else None
+
+
+def _short(host: str) -> str:
+    return host.split(".", 1)[0]

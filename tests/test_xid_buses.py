@@ -1,0 +1,69 @@
+"""An Xid names a GPU by its PCI address; NCCL's Init COMPLETE lines give each rank's GPU by the same address
+(src/misc/utils.cc int64ToBusId: domain << 20 | bus << 12 | device << 4 | function). Together they say which
+rank's GPU failed, or that the failed GPU was none of the job's. Logs written from the driver's and NCCL's
+format strings."""
+
+from conftest import triage_json
+
+BUSES = ["18000", "2a000", "3a000", "5d000", "9a000", "ab000", "ba000", "db000"]
+
+
+def init(rank, world=8, host="gpu-node-17", bus=None):
+    # NCCL src/init.cc: "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init COMPLETE"
+    bus = bus or BUSES[rank % 8]
+    return (
+        f"{host}:{50120 + rank}:{50260 + rank} [{rank % 8}] NCCL INFO comm 0x55d0c0b1302{rank % 8} rank {rank} "
+        f"nranks {world} cudaDev {rank % 8} nvmlDev {rank % 8} busId {bus} commId 0x9e1c7d2a40f1b358 - Init COMPLETE"
+    )
+
+
+def xid(bus, host=None):
+    # NVIDIA's kernel module: "NVRM: Xid (PCI:%04x:%02x:%02x): %d, ..."; syslog puts "<host> kernel: " before it
+    where = f"Nov  6 10:14:01 {host} kernel: " if host else "[Thu Nov  6 10:14:01 2025] "
+    return f"{where}NVRM: Xid (PCI:0000:{bus}:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+
+
+TIMEOUTS = [
+    f"[rank{r}]:[E1106 10:24:03.902117365 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=902, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+    "milliseconds before timing out."
+    for r in (0, 1, 2, 3, 4, 6, 7)
+]
+ROOT_CAUSE = [  # torchrun's report names the first process it saw fail: a victim here
+    "Root Cause (first observed failure):",
+    "[0]:",
+    "  time      : 2025-11-06_10:24:04",
+    "  host      : gpu-node-17",
+    "  rank      : 0 (local_rank: 0)",
+    "  exitcode  : -6 (pid: 50120)",
+]
+OOM = (
+    "[rank1]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 1 has a total capacity of "
+    "79.10 GiB of which 1.91 GiB is free."
+)
+
+
+def verdict_of(tmp_path, lines):
+    path = tmp_path / "job.log"
+    path.write_text("\n".join(lines) + "\n")
+    return triage_json(path)[1]
+
+
+def test_an_xid_on_one_ranks_gpu_names_that_rank_not_the_launchers_first_failure(tmp_path):
+    verdict = verdict_of(tmp_path, [*(init(r) for r in range(8)), *TIMEOUTS, *ROOT_CAUSE, xid("ab")])
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [5]), verdict["summary"]
+
+
+def test_an_xid_on_a_gpu_none_of_the_jobs_ranks_used_says_nothing_of_the_job(tmp_path):
+    # Four ranks on GPUs 18000-5d000 of a node with eight: the Xid on ba000 is another tenant's.
+    lines = [*(init(r, world=4) for r in range(4)), OOM, xid("ba")]
+    verdict = verdict_of(tmp_path, lines)
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [1]), verdict["summary"]
+    # Without every rank's GPU known, the Xid may be the job's: it is not set aside.
+    assert verdict_of(tmp_path, [*lines[1:4], OOM, xid("ba")])["category"] == "gpu_fault"
+
+
+def test_across_nodes_the_kernel_lines_host_decides_and_without_it_nothing_is_placed(tmp_path):
+    nodes = [init(r, world=16, host="gpu-a" if r < 8 else "gpu-b") for r in range(16)]
+    assert verdict_of(tmp_path, [*nodes, xid("ab", host="gpu-b")])["culprit_ranks"] == [13]
+    assert verdict_of(tmp_path, [*nodes, xid("ab")])["culprit_ranks"] == []
