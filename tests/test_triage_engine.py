@@ -77,6 +77,21 @@ def test_the_one_rank_below_the_highest_that_never_timed_out_is_the_culprit_at_m
         assert verdict["facts"].get("candidates") == candidates
 
 
+def test_the_one_rank_that_failed_on_its_own_while_the_others_timed_out_leads(tmp_path):
+    # aten/src/ATen/cuda/Exceptions.h TORCH_CUDABLAS_CHECK: rank 4's GEMM failed, so it never reached the all-reduce
+    # its seven peers then timed out in. The timeouts carry timestamps and a higher priority; its error leads.
+    cublas = (
+        "[rank4]:RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( handle, opa)`"
+    )
+    waiting = [f"[rank{r}]:[E1130 10:20:0{r}.0 ProcessGroupNCCL.cpp:689] " + WATCHDOG.format(rank=r) for r in range(8)]
+    write(tmp_path, "job.log", [cublas, *(line for r, line in enumerate(waiting) if r != 4)])
+    verdict = triage_json(tmp_path / "job.log")[1]
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [4]), verdict["summary"]
+    # A rank that timed out too was in the collective: the timeout's readings decide as before.
+    write(tmp_path, "job.log", [cublas, *waiting])
+    assert triage_json(tmp_path / "job.log")[1]["category"] == "nccl_timeout"
+
+
 def test_rank0_can_be_the_culprit(tmp_path):
     lines = [
         "[rank1]:[E1130 10:20:01.0 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 1]  failure "

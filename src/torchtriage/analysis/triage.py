@@ -308,6 +308,26 @@ def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
     return min(pool, key=lambda c: c.order), basis
 
 
+def _own_error_outside_the_timeout(primary: _Candidate, candidates: list[_Candidate]) -> _Candidate | None:
+    """Where ranks time out in a collective and one rank that is not among them failed with an error of its own
+    (a cuBLAS failure, a crash, a fault), that rank never reached the collective because of it: the timeouts are
+    its peers waiting for it, and its error leads. Only one such rank: two are two stories the order must tell."""
+    if primary.category not in _HANG_FAMILY:
+        return None
+    waiting = {c.rank for c in candidates if c.kind == primary.kind and c.rank is not None}
+    own = [
+        c
+        for c in candidates
+        if c.role in ("primary", "symptom")
+        and c.category not in _HANG_FAMILY
+        and c.rank is not None
+        and c.rank not in waiting
+    ]
+    if len(waiting) < 2 or len({c.rank for c in own}) != 1:
+        return None
+    return max(own, key=lambda c: (-ROLES.index(c.role), c.priority, -c.order))
+
+
 def _evidence(items: list[_Candidate]) -> list[Evidence]:
     return [Evidence("log", c.file, c.line, c.rank, c.text[:500]) for c in items[:_MAX_EVIDENCE]]
 
@@ -535,6 +555,9 @@ def _assess_logs(records: LogRecords) -> Assessment:
         return _nothing_found(records)
 
     primary, order_basis = _pick_primary(candidates)
+    outside = _own_error_outside_the_timeout(primary, candidates)
+    if outside is not None:
+        primary, order_basis = outside, "the one rank that failed on its own while the others timed out waiting"
     same_failure = [c for c in candidates if c.kind == primary.kind and c.role == primary.role]
     culprits = _rank_list({c.rank for c in same_failure if not _printer_waits(c)})
     if not culprits and primary.role == "primary":
