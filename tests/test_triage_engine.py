@@ -92,6 +92,30 @@ def test_the_one_rank_that_failed_on_its_own_while_the_others_timed_out_leads(tm
     assert triage_json(tmp_path / "job.log")[1]["category"] == "nccl_timeout"
 
 
+def test_the_watchdogs_either_an_error_or_timeout_line_yields_to_the_line_that_says_which(tmp_path):
+    # ProcessGroupNCCL.cpp: the status line of any failed work, and the async error of the same work (a peer gone).
+    status = "[rank{r}]:[E0211 17:40:06.3 ProcessGroupNCCL.cpp:1632] [PG 0 (default_pg) Rank {r}] Exception (either an "
+    status += "error or timeout) detected by watchdog at work: 40211, last enqueued NCCL work: 40211, last completed "
+    status += "NCCL work: 40210."
+    remote = (
+        "[rank{r}]:[E0211 17:40:06.3 ProcessGroupNCCL.cpp:1591] [Rank {r}] Collective WorkNCCL(SeqNum=40211, "
+        "OpType=ALLREDUCE, NumelIn=67108864, NumelOut=67108864, Timeout(ms)=600000) raised the following async "
+        "exception: NCCL error: remote process exited or there was a network error, NCCL version 2.21.5"
+    )
+    lines = [line.format(r=r) for r in range(4) for line in (remote, status)]
+    write(tmp_path, "job.log", lines)
+    assert triage_json(tmp_path / "job.log")[1]["category"] == "nccl_transport"
+    write(
+        tmp_path,
+        "job.log",
+        [
+            *lines,
+            *(f"[rank{r}]:[E0211 17:40:06.3 ProcessGroupNCCL.cpp:689] " + WATCHDOG.format(rank=r) for r in range(4)),
+        ],
+    )
+    assert triage_json(tmp_path / "job.log")[1]["category"] == "nccl_timeout"
+
+
 def test_rank0_can_be_the_culprit(tmp_path):
     lines = [
         "[rank1]:[E1130 10:20:01.0 ProcessGroupNCCL.cpp:2303] [PG ID 0 PG GUID 0(default_pg) Rank 1]  failure "
