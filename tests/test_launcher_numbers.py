@@ -53,3 +53,50 @@ def test_a_file_named_after_a_worker_pod_or_host_names_no_rank(tmp_path):
     pod = ["Name:             llm-pretrain-worker-1", "    Last State:     Terminated", "      Reason:       OOMKilled"]
     assert triage_json(write(tmp_path, pod, "llm-pretrain-worker-1.log"))[1]["culprit_ranks"] == []
     assert triage_json(write(tmp_path, pod, "rank1.log"))[1]["culprit_ranks"] == [1]
+
+
+def agent_account(group_rank, nodes=2, per_node=4):
+    # torch/distributed/elastic/agent/server/api.py _rendezvous: "[%(role)s] Rendezvous complete for workers. Result:"
+    first = group_rank * per_node
+    return [
+        "INFO:torch.distributed.elastic.agent.server.api:[default] Rendezvous complete for workers. Result:",
+        "  restart_count=0",
+        "  master_addr=gpu-a",
+        "  master_port=29500",
+        f"  group_rank={group_rank}",
+        f"  group_world_size={nodes}",
+        f"  local_ranks={list(range(per_node))}",
+        f"  role_ranks={list(range(first, first + per_node))}",
+        f"  global_ranks={list(range(first, first + per_node))}",
+        f"  role_world_sizes={[nodes * per_node] * per_node}",
+        f"  global_world_sizes={[nodes * per_node] * per_node}",
+    ]
+
+
+# torchrun --tee 3 on torch 2.0/2.1 prefixes each worker's line with its role and LOCAL rank (tail_log.py)
+TEE_OOM = (
+    "[default2]:torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 2; 79.15 GiB total "
+    "capacity; 75.12 GiB already allocated; 1.02 GiB free; 76.80 GiB reserved in total by PyTorch)"
+)
+
+
+def test_a_roles_prefix_is_a_local_rank_placed_by_the_agents_account(tmp_path):
+    # node 1 of 2: local 2 is the job's rank 6
+    assert triage_json(write(tmp_path, [*agent_account(1), TEE_OOM]))[1]["culprit_ranks"] == [6]
+    # or by the agent's failure report: "rank : 6 (local_rank: 2)"
+    report = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2024-02-01_10:00:00",
+        "  host      : gpu-b",
+        "  rank      : 6 (local_rank: 2)",
+        "  exitcode  : 1 (pid: 5512)",
+    ]
+    assert triage_json(write(tmp_path, ["  group_world_size=2", TEE_OOM, *report]))[1]["culprit_ranks"] == [6]
+
+
+def test_a_local_rank_no_account_places_names_no_rank_on_several_nodes_and_itself_on_one(tmp_path):
+    both_nodes = [*agent_account(0), *agent_account(1), TEE_OOM]  # two agents' output in one file: whose line?
+    assert triage_json(write(tmp_path, both_nodes))[1]["culprit_ranks"] == []
+    assert triage_json(write(tmp_path, ["  group_world_size=2", TEE_OOM]))[1]["culprit_ranks"] == []
+    assert triage_json(write(tmp_path, [TEE_OOM]))[1]["culprit_ranks"] == [2]

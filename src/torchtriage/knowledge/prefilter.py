@@ -40,6 +40,8 @@ AGENT_MARKERS = (
     "torch.distributed.elastic.multiprocessing.api:",
 )
 STRUCTURE_MARKERS += AGENT_MARKERS
+# The agent's account of its rendezvous: which job ranks its node's local ranks are (sources/log_records.py).
+STRUCTURE_MARKERS += ("group_world_size=", "local_ranks=[", "global_ranks=[")
 
 
 # How often a byte starts a regex attempt in a typical log, roughly: the prefilter starts each word at its

@@ -77,6 +77,9 @@ class Normalised:
     rank: int | None
     time: float | None  # seconds within the year (launchers rarely print the year); comparable only
     severity: str | None  # glog's I/W/E/F when present
+    # The rank came from a launcher role's prefix (torchrun --tee's "[default3]:", `[{role}{local_rank}]:`): the
+    # rank within its node, which equals the job's rank only on one node (sources/log_records.py maps it).
+    rank_is_local: bool = False
 
 
 def strip_ansi(text: str) -> str:
@@ -103,11 +106,12 @@ def _nccl_tagged(text: str) -> str:
     return f"{found.group('head')}NCCL {text[found.start('level') :]}" if found else text
 
 
-def _peel_rank(text: str, rank: int | None, rank_is_global: bool) -> tuple[str, int | None, bool, bool]:
-    """One rank prefix off the start of `text`: (text, rank, whether it is a global rank, whether one was peeled)."""
+def _peel_rank(text: str, rank: int | None, rank_is_local: bool) -> tuple[str, int | None, bool, bool]:
+    """One rank prefix off the start of `text`: (text, rank, whether it is a role's local rank, whether one was
+    peeled)."""
     if not _ANY_RANK_PREFIX.match(text):
-        return text, rank, rank_is_global, False
-    for prefix in _RANK_PREFIXES:
+        return text, rank, rank_is_local, False
+    for index, prefix in enumerate(_RANK_PREFIXES):
         match = prefix.match(text)
         number = as_int(match.group("rank"), -1, 0, limits.active().rank) if match else -1
         if number >= 0:
@@ -118,9 +122,9 @@ def _peel_rank(text: str, rank: int | None, rank_is_global: bool) -> tuple[str, 
             # inner one, the process's own, wins.
             says_rank = "rank" in match.group(0).lower()
             if rank is None or says_rank:
-                rank, rank_is_global = number, says_rank
-            return text[match.end() :], rank, rank_is_global, True
-    return text, rank, rank_is_global, False
+                rank, rank_is_local = number, index == 0 and not says_rank
+            return text[match.end() :], rank, rank_is_local, True
+    return text, rank, rank_is_local, False
 
 
 def _host_end(text: str) -> int:
@@ -137,9 +141,9 @@ def _host_end(text: str) -> int:
 def line_rank(raw: str) -> int | None:
     """The rank `normalise(raw)` finds, for a census: only the leading rank and host prefixes are read (a rank
     behind a log header belongs to the message), so a line costs a fraction of its normalisation."""
-    text, rank, rank_is_global = strip_ansi(raw).rstrip(), None, False
+    text, rank, rank_is_local = strip_ansi(raw).rstrip(), None, False
     for _ in range(_MAX_LAYERS):
-        text, rank, rank_is_global, peeled = _peel_rank(text, rank, rank_is_global)
+        text, rank, rank_is_local, peeled = _peel_rank(text, rank, rank_is_local)
         if not peeled and rank is None and (host := _host_end(text)):
             text = text[host:]
         elif not peeled:
@@ -153,14 +157,14 @@ def normalise(raw: str) -> Normalised:
     rank: int | None = None
     time: float | None = None
     severity: str | None = None
-    rank_is_global = False
+    rank_is_local = False
     after_header = False  # rank markers after a log header belong to the message
     for _ in range(_MAX_LAYERS):
         peeled = False
         # Rank markers after a log header belong to the message ("[Rank 3] Watchdog caught ..."):
         # rules read them there.
         if not after_header:
-            text, rank, rank_is_global, peeled = _peel_rank(text, rank, rank_is_global)
+            text, rank, rank_is_local, peeled = _peel_rank(text, rank, rank_is_local)
         if not peeled and rank is None and not after_header and (host := _host_end(text)):
             text = text[host:]
             continue
@@ -177,4 +181,4 @@ def normalise(raw: str) -> Normalised:
                 severity, text, peeled, after_header = short.group("sev"), text[short.end() :], True, True
         if not peeled:
             break
-    return Normalised(_nccl_tagged(text), rank, time, severity)
+    return Normalised(_nccl_tagged(text), rank, time, severity, rank_is_local)

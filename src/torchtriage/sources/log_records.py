@@ -227,6 +227,7 @@ class _FileReader:
         self.first_event = len(records.events)
         self.agents_seen = False  # a line only torchrun's agent prints
         self.task_events: list[LogEvent] = []  # events whose rank is a launcher's task number (settled at close)
+        self.local = _LocalRanks()  # ranks read from a role's "[default3]:" prefix: a node's (settled at close)
 
     def reads_every_hit(self) -> bool:
         """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
@@ -246,6 +247,8 @@ class _FileReader:
         line = normalise(decoded)
         rank = line.rank if line.rank is not None else self.artifact.rank
         text = line.text
+        if self.local.read_agent_line(text):
+            return
         in_report = self._track_report(text, line_no)
         if in_report and self.report_entry is not None and rank is None:
             rank = self.report_entry.rank
@@ -272,7 +275,7 @@ class _FileReader:
             by_task = event_rank is None and "task" in facts
             if by_task:
                 event_rank = _rank_of(facts["task"])
-            elif event_rank is not None:
+            elif event_rank is not None and not (line.rank_is_local and event_rank == line.rank):
                 self.records.ranks_seen.add(event_rank)
             event = LogEvent(
                 rule=found.rule,
@@ -288,8 +291,13 @@ class _FileReader:
             self.records.events.append(event)
             if by_task:
                 self.task_events.append(event)
+            elif line.rank_is_local and event_rank == line.rank:
+                self.local.events.append(event)
         if rank is not None and counted:
-            self.records.ranks_seen.add(rank)
+            if line.rank_is_local:
+                self.local.seen.add(rank)
+            else:
+                self.records.ranks_seen.add(rank)
 
     def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> PyTraceback | None:
         """Follow this rank's open traceback; the traceback when `text` is the exception line that ends it."""
@@ -371,6 +379,9 @@ class _FileReader:
         self.records.tracebacks.extend(self.open_tracebacks.values())
         self.open_tracebacks.clear()
         self._settle_task_ranks()
+        mine = [tb for tb in self.records.tracebacks if tb.file == self.artifact.display]
+        failures = [f for f in self.records.child_failures if f.file == self.artifact.display]
+        self.local.settle(self.records.ranks_seen, mine, failures)
         if self.superseded_before:
             mine = self.records.events[self.first_event :]
             kept = [e for e in mine if e.line > self.superseded_before.get(e.rule.id, 0)]
@@ -389,6 +400,69 @@ class _FileReader:
             elif event.rank is not None:
                 self.records.ranks_seen.add(event.rank)
         self.task_events.clear()
+
+
+# torchrun's agent's account of its rendezvous (torch/distributed/elastic/agent/server/api.py, _rendezvous):
+# "  group_world_size=2", "  local_ranks=[0, 1, 2, 3]", "  global_ranks=[4, 5, 6, 7]", one field a line.
+_AGENT_FIELD = re.compile(
+    r"^\s{0,8}(?P<key>group_world_size|local_ranks|global_ranks)=(?P<value>\d{1,7}|\[[\d, ]{0,100000}\])\s*$"
+)
+
+
+class _LocalRanks:
+    """A file's ranks read from a role's prefix ("[default3]:", torchrun --tee: the rank within its node), and
+    what places them in the job: the agent's rendezvous account (local_ranks=[...] / global_ranks=[...]) or its
+    failure report ("rank : 6 (local_rank: 2)"). Placed, a local rank becomes the job's; on one node (no sign of
+    another) it is the job's already; with other nodes and nothing to place it, it names no rank."""
+
+    def __init__(self):
+        self.events: list[LogEvent] = []
+        self.seen: set[int] = set()
+        self.mappings: list[dict[int, int]] = []  # one per agent account read
+        self.other_nodes = False
+        self._local_list: list[int] | None = None
+
+    def read_agent_line(self, text: str) -> bool:
+        """Take in a line of the agent's rendezvous account; whether it was one."""
+        found = _AGENT_FIELD.match(text)
+        if found is None:
+            return False
+        key, value = found.group("key"), found.group("value")
+        if key == "group_world_size":
+            self.other_nodes |= int(value) > 1
+            return True
+        numbers = [int(n) for n in value.strip("[]").replace(" ", "").split(",") if n]
+        if key == "local_ranks":
+            self._local_list = numbers
+        elif self._local_list is not None and len(self._local_list) == len(numbers):
+            self.mappings.append(dict(zip(self._local_list, numbers, strict=True)))
+            self.other_nodes |= any(local != rank for local, rank in zip(self._local_list, numbers, strict=True))
+        return True
+
+    def mapping(self, failures: list[ChildFailure]) -> dict[int, int] | None:
+        """local -> job rank, where one node's account says it (two agents' accounts in one file: whose lines are
+        whose is not said)."""
+        mapping: dict[int, int] = {}
+        for one in [*self.mappings, {f.local_rank: f.rank for f in failures if None not in (f.local_rank, f.rank)}]:
+            for local, rank in one.items():
+                if mapping.setdefault(local, rank) != rank:
+                    return None
+        return mapping
+
+    def settle(self, ranks_seen: set[int], tracebacks: list[PyTraceback], failures: list[ChildFailure]) -> None:
+        mapping = self.mapping(failures)
+        placed = {
+            local: (mapping or {}).get(local)
+            for local in self.seen | {e.rank for e in self.events if e.rank is not None}
+        }
+        if not self.other_nodes and not mapping:
+            placed = {local: local for local in placed}  # one node: its local ranks are the job's
+        for event in self.events:
+            event.rank = placed.get(event.rank) if event.rank is not None else None
+        for traceback in tracebacks:
+            if traceback.rank in placed and traceback.rank in self.seen:
+                traceback.rank = placed[traceback.rank]
+        ranks_seen.update(rank for local, rank in placed.items() if rank is not None and local in self.seen)
 
 
 # Below this many logs, forking costs more than reading them here (a small log takes about 40 µs to read).
