@@ -92,6 +92,21 @@ def test_the_one_rank_that_failed_on_its_own_while_the_others_timed_out_leads(tm
     assert triage_json(tmp_path / "job.log")[1]["category"] == "nccl_timeout"
 
 
+def test_the_one_rank_that_crashed_while_the_others_lost_a_peer_is_it_not_a_silent_rank(tmp_path):
+    # ProcessGroupNCCL's async error on ranks 0-7 (a peer gone), CPython's fatal error handler on rank 9; rank 8
+    # printed nothing. The peer that went is the one that crashed, not the one that kept quiet.
+    remote = (
+        "[rank{r}]:[E0211 17:40:06.3 ProcessGroupNCCL.cpp:1591] [Rank {r}] Collective WorkNCCL(SeqNum=5512, "
+        "OpType=ALLGATHER, NumelIn=4096, NumelOut=4096, Timeout(ms)=600000) raised the following async exception: "
+        "NCCL error: remote process exited or there was a network error, NCCL version 2.21.5"
+    )
+    write(
+        tmp_path, "job.log", ["[rank9]:Fatal Python error: Segmentation fault", *(remote.format(r=r) for r in range(8))]
+    )
+    verdict = triage_json(tmp_path / "job.log")[1]
+    assert verdict["culprit_ranks"] == [9], verdict["summary"]
+
+
 def test_the_watchdogs_either_an_error_or_timeout_line_yields_to_the_line_that_says_which(tmp_path):
     # ProcessGroupNCCL.cpp: the status line of any failed work, and the async error of the same work (a peer gone).
     status = "[rank{r}]:[E0211 17:40:06.3 ProcessGroupNCCL.cpp:1632] [PG 0 (default_pg) Rank {r}] Exception (either an "

@@ -308,22 +308,26 @@ def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
     return min(pool, key=lambda c: c.order), basis
 
 
-def _own_error_outside_the_timeout(primary: _Candidate, candidates: list[_Candidate]) -> _Candidate | None:
-    """Where ranks time out in a collective and one rank that is not among them failed with an error of its own
-    (a cuBLAS failure, a crash, a fault), that rank never reached the collective because of it: the timeouts are
-    its peers waiting for it, and its error leads. Only one such rank: two are two stories the order must tell."""
-    if primary.category not in _HANG_FAMILY:
+def _own_error_outside_the_reporters(primary: _Candidate, candidates: list[_Candidate]) -> _Candidate | None:
+    """Where ranks report a collective that timed out, or a peer that went away, and one rank that is not among
+    them failed with an error of its own (a cuBLAS failure, a crash), that rank never reached the collective, or
+    is the peer that went, because of it: the reports are its peers', and its error leads. Another rank's report
+    of waiting or of a lost peer is no error of its own. Only one such rank: two are two stories the order must
+    tell."""
+    lost_peer = primary.event is not None and primary.event.rule.printer_lost_peer
+    if primary.category not in _HANG_FAMILY and not lost_peer:
         return None
-    waiting = {c.rank for c in candidates if c.kind == primary.kind and c.rank is not None}
+    reporters = {c.rank for c in candidates if c.kind == primary.kind and c.rank is not None}
     own = [
         c
         for c in candidates
         if c.role in ("primary", "symptom")
         and c.category not in _HANG_FAMILY
+        and not _printer_waits(c)
         and c.rank is not None
-        and c.rank not in waiting
+        and c.rank not in reporters
     ]
-    if len(waiting) < 2 or len({c.rank for c in own}) != 1:
+    if len(reporters) < 2 or len({c.rank for c in own}) != 1:
         return None
     return max(own, key=lambda c: (-ROLES.index(c.role), c.priority, -c.order))
 
@@ -555,9 +559,9 @@ def _assess_logs(records: LogRecords) -> Assessment:
         return _nothing_found(records)
 
     primary, order_basis = _pick_primary(candidates)
-    outside = _own_error_outside_the_timeout(primary, candidates)
+    outside = _own_error_outside_the_reporters(primary, candidates)
     if outside is not None:
-        primary, order_basis = outside, "the one rank that failed on its own while the others timed out waiting"
+        primary, order_basis = outside, "the one rank that failed on its own while the others waited for it or lost it"
     same_failure = [c for c in candidates if c.kind == primary.kind and c.role == primary.role]
     culprits = _rank_list({c.rank for c in same_failure if not _printer_waits(c)})
     if not culprits and primary.role == "primary":
