@@ -46,6 +46,12 @@ FR_DUMP_ON_TIMEOUT_ENV = ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOU
 FR_DUMP_FILE_ENV = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", (2, 10))
 
 
+def release(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string such as torch's "2.13.0+cpu"; (0, 0) when it holds none."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
 def fr_spellings(variable: tuple[str, str, tuple[int, int]], torch_version: tuple[int, int]) -> tuple[str, ...]:
     """The names to set for one flight-recorder variable on a torch release ((0, 0): unknown, both)."""
     new, old, since = variable

@@ -317,6 +317,12 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         f"waiting in the collective: {'it' if one else 'one of them'} never reached it (a rank that never enqueues a "
         "collective has nothing to time out on), or its output is not in these logs"
     )
+    return _silent_verdict(silent, message)
+
+
+def _silent_verdict(silent: list[int], message: str) -> tuple[list[int], list[Finding], dict]:
+    """What silent ranks decide: one is the culprit; several are candidates, undecided."""
+    one = len(silent) == 1
     finding = Finding(
         "logs.silent_rank",
         silent,
@@ -361,7 +367,4 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
         f"while {reporting} lost {'its' if len(seen) == 1 else 'their'} connection to a peer: "
         f"{'it' if len(silent) == 1 else 'one of them'} exited or was killed without an error of its own"
     )
-    role = "primary" if len(silent) == 1 else "symptom"
-    facts = {} if len(silent) == 1 else {"undecided": True}
-    finding = Finding("logs.silent_rank", silent, message, role, "hang", [], facts)
-    return (silent if len(silent) == 1 else []), [finding], {"silent_ranks": silent}
+    return _silent_verdict(silent, message)

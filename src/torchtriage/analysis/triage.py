@@ -31,7 +31,7 @@ from torchtriage.analysis.stall import (
     starts_mid_message,
     what_was_seen,
 )
-from torchtriage.analysis.xid_buses import job_gpus, place
+from torchtriage.analysis.xid_buses import FOREIGN, job_gpus, place
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -143,7 +143,7 @@ def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
     by_line = {(e.file, e.line): where for _, e in faults if (where := place(e, gpus)) is not None}
     for index, event in faults:
         where = by_line.get((event.file, event.line))
-        if where == "foreign":
+        if where == FOREIGN:
             roles[index] = "collateral"
         elif where is not None:
             placed[index] = where

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from torchtriage.sources.log_records import LogEvent
 
 INIT_RULE = "nccl.init_progress_only"
+FOREIGN = "foreign"  # a GPU none of the job's ranks used
 _NCCL_HOST = re.compile(r"^(?P<host>[^\s:]{1,255}):\d{1,10}:\d{1,10} \[\d{1,4}\]")
 _KERNEL_HOST = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: (?:\[[\s\d.]+\] )?NVRM: ")
 _PCI = re.compile(
@@ -72,7 +73,7 @@ def xid_bus(event: LogEvent) -> int | None:
 
 
 def place(event: LogEvent, gpus: JobGpus) -> int | str | None:
-    """The rank whose GPU the Xid names; "foreign" for a GPU none of the job's ranks used on a node the job's
+    """The rank whose GPU the Xid names; FOREIGN for a GPU none of the job's ranks used on a node the job's
     every rank is known on; None where the lines cannot say."""
     bus = xid_bus(event)
     if bus is None:
@@ -85,7 +86,7 @@ def place(event: LogEvent, gpus: JobGpus) -> int | str | None:
     if len(ranks) == 1:
         return ranks[0]
     on_a_job_node = host is None or host in gpus.hosts
-    return "foreign" if not ranks and gpus.complete and on_a_job_node else None
+    return FOREIGN if not ranks and gpus.complete and on_a_job_node else None
 
 
 def _short(host: str) -> str:

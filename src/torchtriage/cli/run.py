@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import errno
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +55,7 @@ from torchtriage.protocol import (
     open_private,
     open_to_others,
     recorded_attempts,
+    release,
 )
 
 INJECT_DIR = Path(__file__).resolve().parent.parent / "runtime" / "inject"
@@ -123,10 +123,9 @@ def installed_torch_version() -> tuple[int, int]:
     from importlib import metadata
 
     try:
-        found = re.match(r"(\d+)\.(\d+)", metadata.version("torch"))
+        return release(metadata.version("torch"))
     except metadata.PackageNotFoundError:
         return (0, 0)
-    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
 
 
 def armed_environment(

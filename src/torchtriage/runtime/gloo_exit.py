@@ -22,15 +22,16 @@ import sys
 import time
 from pathlib import Path
 
+from torchtriage.protocol import FR_BUFFER_ENV
+
 SETTLE_SECONDS = 0.05  # time for a worker waiting for the GIL to take it (the GIL is handed over in microseconds)
 GLOO_WORKER = "pt_gloo_runloop"  # the name ProcessGroupGloo gives its worker threads
-FR_BUFFER_VARS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 
 _registered = False
 
 
 def flight_recorder_armed(environ=os.environ) -> bool:
-    for name in FR_BUFFER_VARS:
+    for name in FR_BUFFER_ENV[:2]:
         value = environ.get(name, "").strip()
         if value.isdigit() and int(value) > 0:
             return True

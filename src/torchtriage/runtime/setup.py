@@ -39,6 +39,7 @@ from torchtriage.protocol import (
     FR_SUBDIR,
     RUN_DIR_ENV,
     fr_spellings,
+    release,
 )
 from torchtriage.runtime.env import (
     NCCL_TIMEOUT_ENV,
@@ -182,8 +183,7 @@ def set_flight_recorder_env(dump_dir: str | os.PathLike | None = None) -> Path:
 def torch_version() -> tuple[int, int]:
     import torch
 
-    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    return (int(match.group(1)), int(match.group(2))) if match else (0, 0)
+    return release(torch.__version__)
 
 
 def init_distributed(
