@@ -116,3 +116,96 @@ def test_deepspeeds_teardown_is_no_kill_where_its_exit_code_is_an_exceptions(tmp
     assert triage_json(write(tmp_path, "one.log", [*kills, code.format(1)]))[1]["category"] != "host_oom"
     assert triage_json(write(tmp_path, "kill.log", [*kills, code.format(-9)]))[1]["category"] == "host_oom"
     assert triage_json(write(tmp_path, "shell.log", [*kills, code.format(137)]))[1]["category"] == "host_oom"
+
+
+# deepspeed/launcher/launch.py: the node's header before it spawns, then one line per process that exits 0.
+DS = "[2024-11-05 09:14:01,000] [INFO] [launch.py:{}:main] "
+DS_HEADER = DS.format(146) + "nnodes={}, num_local_procs={}, node_rank={}"
+DS_EXITED = DS.format(351) + "Process {} exits successfully."
+FP16_OVERFLOW = "[rank0]: [deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"
+
+
+def test_deepspeeds_launcher_finished_the_job_once_every_process_it_spawned_exited_0(tmp_path):
+    exits = [DS_EXITED.format(41210 + i) for i in range(4)]
+    done = write(tmp_path, "done.log", [DS_HEADER.format(1, 4, 0), *STEPS[:5], CAUGHT_OOM, *STEPS[5:], *exits])
+    code, verdict = triage_json(done)
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.OK, "ok", "medium"), verdict["summary"]
+    lead = verdict["findings"][0]
+    assert lead["kind"] == "logs.job_finished" and lead["evidence"][0]["text"].endswith(
+        "Process 41213 exits successfully."
+    )
+    # One process of four unreported (it is still running, or the log was cut): nothing says the job finished.
+    three = write(tmp_path, "three.log", [DS_HEADER.format(1, 4, 0), *STEPS, CAUGHT_OOM, *exits[:3]])
+    assert triage_json(three)[1]["category"] == "oom"
+    # Two nodes, only node 0's launcher in sight: node 1's processes are unaccounted for.
+    half = write(tmp_path, "half.log", [DS_HEADER.format(2, 4, 0), *STEPS, CAUGHT_OOM, *exits])
+    assert triage_json(half)[1]["category"] == "oom"
+    # A second launch of the same node (a restart in the same file) counts its processes anew.
+    again = [DS_HEADER.format(1, 4, 0), *exits[:2], CAUGHT_OOM, DS_HEADER.format(1, 4, 0), *exits[2:]]
+    assert triage_json(write(tmp_path, "again.log", again))[1]["category"] == "oom"
+
+
+def test_the_jobs_own_words_that_training_ended_outweigh_lines_it_survived_at_low_confidence(tmp_path):
+    # fairseq_cli/train.py "done training in {:.1f} seconds"; HF Trainer.train's final metrics; Megatron-LM's
+    # print_datetime('after training is done'); Lightning's fit loop.
+    endings = [
+        "2025-02-03 01:00:12 | INFO | fairseq_cli.train | done training in 3612.4 seconds",
+        "{'train_runtime': 5123.4, 'train_samples_per_second': 12.5, 'train_steps_per_second': 0.39, 'epoch': 3.0}",
+        "[after training is done] datetime: 2024-05-06 07:08:09 ",
+        "`Trainer.fit` stopped: `max_epochs=3` reached.",
+    ]
+    for index, ending in enumerate(endings):
+        path = write(tmp_path, f"job{index}.log", [*STEPS[:10], FP16_OVERFLOW, CAUGHT_OOM, *STEPS[10:], ending])
+        code, verdict = triage_json(path)
+        assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.OK, "ok", "low"), ending
+        kinds = {f["kind"]: f["role"] for f in verdict["findings"]}
+        assert kinds["logs.training_completed"] == "primary" and kinds["oom.cuda_allocator"] == "symptom"
+    # A failure after those words (at exit, saving the last checkpoint) is the job's failure.
+    late = write(tmp_path, "late.log", [*STEPS, endings[0], CAUGHT_OOM])
+    assert triage_json(late)[1]["category"] == "oom"
+
+
+def test_one_ranks_words_that_training_ended_do_not_cover_another_ranks_file(tmp_path):
+    write(tmp_path, "rank0.log", [*STEPS, "Training completed. Do not forget to share your model on huggingface.co"])
+    write(tmp_path, "rank1.log", [CAUGHT_OOM])
+    code, verdict = triage_json(tmp_path)
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [1])
+
+
+XID_63 = (
+    "[5100231.882114] NVRM: Xid (PCI:0000:2a:00): 63, pid=50121, name=python3, Row Remapper: New row marked for "
+    "remapping, reset gpu to activate."
+)
+
+
+def test_the_nodes_driver_lines_after_the_launchers_success_are_its_health_not_the_jobs_failure(tmp_path):
+    # The kernel's lines (dmesg appended to the job's log) follow no order of the job's: workers that all exited 0
+    # were not ended by them. The Xid stays in sight, as a symptom.
+    code, verdict = triage_json(write(tmp_path, "job.log", [*STEPS, SUCCEEDED, DONE, XID_63]))
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.OK, "ok", "medium"), verdict["summary"]
+    assert {f["kind"]: f["role"] for f in verdict["findings"]}["gpu_fault.xid_other"] == "symptom"
+    # A separate dmesg file needs no report of its own.
+    (tmp_path / "dir").mkdir()
+    write(tmp_path / "dir", "launcher.log", [*STEPS, SUCCEEDED])
+    write(tmp_path / "dir", "dmesg.txt", [XID_63])
+    assert triage_json(tmp_path / "dir")[1]["category"] == "ok"
+    # The job's own words are one process's: a driver's line after them keeps its verdict.
+    words = write(tmp_path, "words.log", [*STEPS, "Training completed.", XID_63])
+    assert triage_json(words)[1]["category"] == "gpu_fault"
+
+
+def test_a_loss_that_stayed_non_finite_to_the_end_is_no_finished_job(tmp_path):
+    # A job that trained on NaN to its last step and exited 0 finished nothing worth having: the NaN is a state of
+    # training, survived only where a finite loss follows it in its file.
+    nan_steps = [f"[rank0]: step {i} loss nan" for i in range(50, 60)]
+    nan_at = "[rank0]: Loss is nan, stopping training"
+    for ending in ([SUCCEEDED, DONE], ["Training completed."]):
+        stuck = write(tmp_path, "stuck.log", [*STEPS, nan_at, *nan_steps, *ending])
+        assert triage_json(stuck)[1]["category"] == "nan_inf", ending
+        healed = write(tmp_path, "healed.log", [*STEPS[:10], nan_at, *STEPS[10:], *ending])
+        assert triage_json(healed)[1]["category"] == "ok", ending
+    # HF's Trainer: every logged step's gradient norm NaN to the end; the closing summary's train_loss averages
+    # every step, the NaN ones too, and is no step of training that went on.
+    hf = [f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 3.0e-06, 'epoch': {i / 10}}}" for i in range(1, 30)]
+    summary = "{'train_runtime': 7391.2, 'train_samples_per_second': 21.1, 'train_loss': 0.2617, 'epoch': 3.0}"
+    assert triage_json(write(tmp_path, "hf.log", [*hf, summary]))[1]["category"] == "nan_inf"

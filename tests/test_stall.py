@@ -161,7 +161,8 @@ def test_a_log_that_stops_after_a_progress_bar_is_a_hang_of_low_confidence(tmp_p
 def test_a_finished_job_is_not_a_stall(tmp_path):
     lines = ["Epoch 9: 100%|##########| 1234/1234 [10:00<00:00, 2.05it/s]", "Training completed."]
     code, verdict = triage_json(write(tmp_path, "train.log", lines))
-    assert (code, verdict["findings"]) == (exit_codes.OK, [])
+    assert (code, verdict["category"], verdict["confidence"]) == (exit_codes.OK, "ok", "low")
+    assert [(f["kind"], f["evidence"][0]["line"]) for f in verdict["findings"]] == [("logs.training_completed", 2)]
 
 
 def test_a_failure_no_rule_knows_is_not_called_a_stall(tmp_path):

@@ -20,7 +20,7 @@ from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascad
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
-from torchtriage.analysis.finished_run import finished_despite
+from torchtriage.analysis.finished_run import Failure, finished_despite
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.rank_comparisons import COMPARED, IMPLIED, compared_ranks, compares_ranks
@@ -502,10 +502,17 @@ def assess_logs(records: LogRecords) -> Assessment:
 
 
 def _finished_run(candidates: list[_Candidate], records: LogRecords) -> Assessment | None:
-    """A job whose launcher reports every worker exited 0 after every line that looks like a failure: `ok`, those
-    lines shown as symptoms it survived (analysis/finished_run.py)."""
+    """A job whose launcher reports every worker exited 0 after every line that looks like a failure (or, weaker,
+    which says itself that its training ran to the end): `ok`, those lines shown as symptoms it survived
+    (analysis/finished_run.py)."""
     failing = [c for c in candidates if c.role != "collateral"]
-    reports = finished_despite([(c.file, c.line) for c in failing], records)
+    reports = finished_despite(
+        [
+            Failure(c.file, c.line, c.event is not None and c.event.rule.node_event, c.category == "nan_inf")
+            for c in failing
+        ],
+        records,
+    )
     if reports is None:
         return None
     survived = _findings(candidates)
@@ -513,16 +520,22 @@ def _finished_run(candidates: list[_Candidate], records: LogRecords) -> Assessme
         if finding.role == "primary":
             finding.role = "symptom"
     first = reports[0]
+    by_launcher = all(r.by_launcher for r in reports)
+    said = "the launcher reports that every worker exited 0" if by_launcher else "the job says its training ended"
     lead = Finding(
-        "logs.job_finished",
+        "logs.job_finished" if by_launcher else "logs.training_completed",
         [],
-        f"the launcher reports that every worker exited 0: {first.text[:200]}",
+        f"{said}: {first.text[:200]}",
         "primary",
         "ok",
         [Evidence("log", r.file, r.line, None, r.text[:500]) for r in reports[:_MAX_EVIDENCE] if r.line],
         {"finished_by": first.text[:200]},
     )
-    summary = "The job finished: its launcher reports that every worker exited 0"
+    summary = (
+        "The job finished: its launcher reports that every worker exited 0"
+        if by_launcher
+        else "Training ran to its end, the job says"
+    )
     if failing:
         primary, _ = _pick_primary(failing)
         lines = f"{len(failing)} line{'s' if len(failing) != 1 else ''}"
@@ -532,7 +545,7 @@ def _finished_run(candidates: list[_Candidate], records: LogRecords) -> Assessme
         findings=[lead, *survived],
         summary=summary,
         category="ok",
-        confidence="medium",
+        confidence="medium" if by_launcher else "low",
         facts={"job_finished": first.text[:200], "ranks_seen": sorted(records.ranks_seen)},
         files=records.files_read,
         problems=records.problems,

@@ -42,6 +42,9 @@ AGENT_MARKERS = (
 STRUCTURE_MARKERS += AGENT_MARKERS
 # The agent's account of its rendezvous: which job ranks its node's local ranks are (sources/log_records.py).
 STRUCTURE_MARKERS += ("group_world_size=", "local_ranks=[", "global_ranks=[")
+# DeepSpeed's launcher's header of its node and its report of each process that exited 0
+# (sources/deepspeed_launch.py).
+STRUCTURE_MARKERS += ("num_local_procs=", "exits successfully")
 
 
 # How often a byte starts a regex attempt in a typical log, roughly: the prefilter starts each word at its

@@ -65,6 +65,7 @@ _OPTIONAL = {
     "printer_lost_peer": BOOLEAN,
     "raised_in": STRINGS,
     "ends_the_job": BOOLEAN,
+    "node_event": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -122,6 +123,9 @@ class Rule:
     # The line says the job was ended from outside (a scheduler's time limit, preemption or cancel; the launcher's
     # own death signal): the ends of ranks reported after it in its file (SIGKILL, SIGTERM) are its aftermath.
     ends_the_job: bool = False
+    # The line is the node's kernel or GPU driver speaking (dmesg: an Xid, the OOM killer), not the job: after its
+    # launcher's report that every worker exited 0 it tells the machine's health, not that the job failed.
+    node_event: bool = False
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -280,6 +284,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         printer_lost_peer=bool(raw.get("printer_lost_peer", False)),
         raised_in=tuple(raw.get("raised_in", [])),
         ends_the_job=bool(raw.get("ends_the_job", False)),
+        node_event=bool(raw.get("node_event", False)),
     )
 
 

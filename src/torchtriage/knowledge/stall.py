@@ -26,6 +26,7 @@ class StallKnowledge:
     loss_at_least: float = 1000.0
     warning: tuple[Any, ...] = ()
     succeeded: tuple[Any, ...] = ()
+    completed: tuple[Any, ...] = ()
 
     def loss_in(self, text: str) -> float | None:
         """The loss a step line states, or None."""
@@ -42,7 +43,11 @@ class StallKnowledge:
         return any(p.search(text) for p in self.interrupt)
 
     def finished_by(self, text: str) -> bool:
-        return any(p.search(text) for p in self.finished)
+        return any(p.search(text) for p in self.finished) or self.completed_by(text)
+
+    def completed_by(self, text: str) -> bool:
+        """The job's own words that its training ran to the end."""
+        return any(p.search(text) for p in self.completed)
 
     def succeeded_by(self, text: str) -> bool:
         """A launcher's own report that every worker it ran exited 0."""
@@ -90,11 +95,12 @@ def stall_knowledge() -> StallKnowledge:
             "loss": TABLE,
             "warning": TABLE,
             "succeeded": TABLE,
+            "completed": TABLE,
             "last_line": TABLES,
         },
     )
     sections = {}
-    for name in ("interrupt", "finished", "noise", "failure", "world_size", "warning", "succeeded"):
+    for name in ("interrupt", "finished", "noise", "failure", "world_size", "warning", "succeeded", "completed"):
         where = f"{STALL_FILE.name} [{name}]"
         sections[name] = _patterns(check_table(raw[name], where, {"patterns": STRINGS}), where)
     loss_where = f"{STALL_FILE.name} [loss]"
@@ -116,4 +122,5 @@ def stall_knowledge() -> StallKnowledge:
         float(loss["at_least"]),
         sections["warning"],
         sections["succeeded"],
+        sections["completed"],
     )

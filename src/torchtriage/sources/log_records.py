@@ -23,6 +23,7 @@ from torchtriage.knowledge.prefilter import AGENT_MARKERS
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame
 from torchtriage.sources import limits
+from torchtriage.sources.deepspeed_launch import DeepSpeedLaunch
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
@@ -158,6 +159,8 @@ class LogRecords:
     # The ranks the job had, known from outside its logs (the identity records `torchtriage run` leaves): a rank
     # among them that left no line is silent even when it was the highest.
     ranks_known: set[int] = field(default_factory=set)
+    # Per file, where DeepSpeed's launcher had logged every process it spawned as exiting 0: (line, text).
+    launches_finished: dict[str, tuple[int, str]] = field(default_factory=dict)
 
 
 # The start of a record of torchtriage's own, read as a log line (sources/registry.py: _READ_AS_LOGS).
@@ -228,6 +231,7 @@ class _FileReader:
         self.agents_seen = False  # a line only torchrun's agent prints
         self.task_events: list[LogEvent] = []  # events whose rank is a launcher's task number (settled at close)
         self.local = _LocalRanks()  # ranks read from a role's "[default3]:" prefix: a node's (settled at close)
+        self.launch = DeepSpeedLaunch()  # DeepSpeed's launcher's processes and which exited 0
 
     def reads_every_hit(self) -> bool:
         """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
@@ -249,6 +253,7 @@ class _FileReader:
         text = line.text
         if self.local.read_agent_line(text):
             return
+        self.launch.read(line_no, text)
         in_report = self._track_report(text, line_no)
         if in_report and self.report_entry is not None and rank is None:
             rank = self.report_entry.rank
@@ -382,6 +387,8 @@ class _FileReader:
         mine = [tb for tb in self.records.tracebacks if tb.file == self.artifact.display]
         failures = [f for f in self.records.child_failures if f.file == self.artifact.display]
         self.local.settle(self.records.ranks_seen, mine, failures)
+        if self.launch.finished_at is not None:
+            self.records.launches_finished[self.artifact.display] = self.launch.finished_at
         if self.superseded_before:
             mine = self.records.events[self.first_event :]
             kept = [e for e in mine if e.line > self.superseded_before.get(e.rule.id, 0)]
@@ -562,12 +569,13 @@ def _add(records: LogRecords, one: LogRecords) -> None:
     records.files_read += one.files_read
     records.problems += one.problems
     records.tails += one.tails
+    records.launches_finished.update(one.launches_finished)
 
 
 # A log's records as a forked reader sends them back: plain tuples, which pickle two to three times faster than the
 # dataclasses (thousands of tiny logs cost little more than their records' transport), each event's rule by its
 # id (a rule holds compiled patterns, which do not pickle).
-_Portable = tuple[list[tuple], list[PyTraceback], list[ChildFailure], set[int], list[str], list[str], list[tuple]]
+_Portable = tuple[list[tuple], list[PyTraceback], list[ChildFailure], set[int], list[str], list[str], list[tuple], dict]
 _EVENT_FIELDS = tuple(f.name for f in fields(LogEvent))
 
 
@@ -590,12 +598,13 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.files_read,
         records.problems,
         [(tail.file, tail.rank, tail.first_line, tail.data, tail.wrapping) for tail in records.tails],
+        records.launches_finished,
     )
 
 
 def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) -> None:
     """What `_add` does, from what a child sent back."""
-    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails = portable
+    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails, launches_finished = portable
     first = len(records.events)
     for values in events:
         event = LogEvent(*values)
@@ -607,6 +616,7 @@ def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) ->
     records.files_read += files_read
     records.problems += problems
     records.tails += [LogTail(*tail) for tail in tails]
+    records.launches_finished.update(launches_finished)
 
 
 _NO_RECORD = "it holds one record of torchtriage's, cut off before its end (the job was killed while writing it?)"
