@@ -100,3 +100,37 @@ def test_a_local_rank_no_account_places_names_no_rank_on_several_nodes_and_itsel
     assert triage_json(write(tmp_path, both_nodes))[1]["culprit_ranks"] == []
     assert triage_json(write(tmp_path, ["  group_world_size=2", TEE_OOM]))[1]["culprit_ranks"] == []
     assert triage_json(write(tmp_path, [TEE_OOM]))[1]["culprit_ranks"] == [2]
+
+
+# ProcessGroupNCCL.cpp's watchdog (torch 2.4): each rank that timed out prints it, behind its own prefix.
+WATCHDOG = (
+    "[rank{0}]:[E1105 10:00:00.000000000 ProcessGroupNCCL.cpp:607] [Rank {0}] Watchdog caught collective operation "
+    "timeout: WorkNCCL(SeqNum=1042, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600012 "
+    "milliseconds before timing out."
+)
+# torch/distributed/elastic/multiprocessing/api.py: the agent's own line, which carries no rank prefix
+CLOSING = (
+    "W1105 10:00:05.000000 2211 torch/distributed/elastic/multiprocessing/api.py:897] Sending process 4121 closing "
+    "signal SIGTERM"
+)
+
+
+def test_a_merged_log_named_after_a_rank_gives_that_rank_none_of_its_unprefixed_lines(tmp_path):
+    # Ranks 0-2 and 4-7 timed out; rank 3 never enqueued the collective and printed nothing. The user named the file
+    # after it: the agent's unprefixed line is no line of rank 3's, so rank 3 stays the silent one.
+    lines = [*BANNER, *STEPS, *(WATCHDOG.format(r) for r in (0, 1, 2, 4, 5, 6, 7)), CLOSING]
+    _, verdict = triage_json(write(tmp_path, lines, name="job_rank3.log"))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_timeout", [3]), verdict["summary"]
+    _, neutral = triage_json(write(tmp_path, lines, name="job.log"))
+    assert neutral["culprit_ranks"] == [3]
+
+
+def test_a_per_rank_file_gives_its_rank_to_its_unprefixed_lines(tmp_path):
+    # torchrun --log-dir / DeepSpeed --enable_each_rank_log: one rank's output per file, no prefix; its own prefix
+    # (torch 2.2+'s "[rank3]:") where it has one is no other rank's.
+    oom = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a total capacity of 79.1 GiB"
+    )
+    for name, lines in (("rank3.log", ["step 1 | loss 2.1", oom]), ("proc-3.out", ["[rank3]:step 1", oom])):
+        _, verdict = triage_json(write(tmp_path, lines, name=name))
+        assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [3]), (name, verdict["summary"])

@@ -232,6 +232,7 @@ class _FileReader:
         self.task_events: list[LogEvent] = []  # events whose rank is a launcher's task number (settled at close)
         self.local = _LocalRanks()  # ranks read from a role's "[default3]:" prefix: a node's (settled at close)
         self.launch = DeepSpeedLaunch()  # DeepSpeed's launcher's processes and which exited 0
+        self.named = _NamedRank(artifact.rank)  # the rank the file's name implies (settled at close)
 
     def reads_every_hit(self) -> bool:
         """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
@@ -249,7 +250,7 @@ class _FileReader:
         if not self.agents_seen and any(marker in decoded for marker in AGENT_MARKERS):
             self.agents_seen = True  # in the raw line: glog's header, which names the file, is peeled off below
         line = normalise(decoded)
-        rank = line.rank if line.rank is not None else self.artifact.rank
+        rank, by_name = self.named.of(line)
         text = line.text
         if self.local.read_agent_line(text):
             return
@@ -260,7 +261,10 @@ class _FileReader:
         time = line.time
         if time is None and in_report and self.report_entry is not None:
             time = self.report_entry.time
+        opened = self.open_tracebacks.get(rank)
         ended = self._track_traceback(text, rank, line_no, time)
+        if by_name and self.open_tracebacks.get(rank) not in (None, opened):
+            self.named.tracebacks.append(self.open_tracebacks[rank])
         if self.matcher.superseding:
             for rule_id in self.matcher.superseded_rules(text):
                 self.superseded_before[rule_id] = line_no
@@ -278,9 +282,10 @@ class _FileReader:
                 if event_rank is None:
                     event_rank = _rank_of(facts.get("rank"))
             by_task = event_rank is None and "task" in facts
+            named_file = by_name and event_rank == rank
             if by_task:
                 event_rank = _rank_of(facts["task"])
-            elif event_rank is not None and not (line.rank_is_local and event_rank == line.rank):
+            elif event_rank is not None and not named_file and not (line.rank_is_local and event_rank == line.rank):
                 self.records.ranks_seen.add(event_rank)
             event = LogEvent(
                 rule=found.rule,
@@ -296,10 +301,14 @@ class _FileReader:
             self.records.events.append(event)
             if by_task:
                 self.task_events.append(event)
+            elif named_file:
+                self.named.events.append(event)
             elif line.rank_is_local and event_rank == line.rank:
                 self.local.events.append(event)
         if rank is not None and counted:
-            if line.rank_is_local:
+            if by_name:
+                self.named.seen = True
+            elif line.rank_is_local:
                 self.local.seen.add(rank)
             else:
                 self.records.ranks_seen.add(rank)
@@ -384,6 +393,7 @@ class _FileReader:
         self.records.tracebacks.extend(self.open_tracebacks.values())
         self.open_tracebacks.clear()
         self._settle_task_ranks()
+        self.named.settle(self.records.ranks_seen)
         mine = [tb for tb in self.records.tracebacks if tb.file == self.artifact.display]
         failures = [f for f in self.records.child_failures if f.file == self.artifact.display]
         self.local.settle(self.records.ranks_seen, mine, failures)
@@ -407,6 +417,39 @@ class _FileReader:
             elif event.rank is not None:
                 self.records.ranks_seen.add(event.rank)
         self.task_events.clear()
+
+
+class _NamedRank:
+    """The rank a file's name implies (`rank3.log`, `proc-3.out`: sources/registry.py), given to its lines that carry
+    no prefix: a per-rank file's convention. A file whose lines carry other ranks' prefixes is a merged log that only
+    its name ties to one rank (named after the rank that failed, say): its unprefixed lines name no rank, and the
+    name's rank is not counted as seen."""
+
+    def __init__(self, rank: int | None):
+        self.rank = rank
+        self.merged = False  # a line carried another rank's prefix
+        self.seen = False  # a line that could match a rule took the name's rank
+        self.events: list[LogEvent] = []
+        self.tracebacks: list[PyTraceback] = []
+
+    def of(self, line) -> tuple[int | None, bool]:
+        """A normalised line's rank, and whether it is the name's."""
+        if line.rank is None:
+            return self.rank, self.rank is not None
+        if not line.rank_is_local and line.rank != self.rank:
+            self.merged = True
+        return line.rank, False
+
+    def of_unprefixed(self) -> int | None:
+        """The rank of the file's lines that carry no prefix, once it is read."""
+        return None if self.merged else self.rank
+
+    def settle(self, ranks_seen: set[int]) -> None:
+        if self.merged:
+            for item in (*self.events, *self.tracebacks):
+                item.rank = None
+        elif self.rank is not None and (self.seen or self.events):
+            ranks_seen.add(self.rank)
 
 
 # torchrun's agent's account of its rendezvous (torch/distributed/elastic/agent/server/api.py, _rendezvous):
@@ -546,7 +589,7 @@ def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_in
     finally:
         reader.close()
         stream.close()
-    log_tail = LogTail(artifact.display, artifact.rank, tail.first_line, tail.data, tail.wrapping)
+    log_tail = LogTail(artifact.display, reader.named.of_unprefixed(), tail.first_line, tail.data, tail.wrapping)
     cut = _cut_record(log_tail)
     if cut is not None:
         records.problems.append(f"{artifact.display}: {cut}")
