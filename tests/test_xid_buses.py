@@ -67,3 +67,23 @@ def test_across_nodes_the_kernel_lines_host_decides_and_without_it_nothing_is_pl
     nodes = [init(r, world=16, host="gpu-a" if r < 8 else "gpu-b") for r in range(16)]
     assert verdict_of(tmp_path, [*nodes, xid("ab", host="gpu-b")])["culprit_ranks"] == [13]
     assert verdict_of(tmp_path, [*nodes, xid("ab")])["culprit_ranks"] == []
+
+
+def test_an_xid_of_an_earlier_boot_is_history_not_the_cause(tmp_path):
+    # journalctl -k over two boots prints "-- Boot <boot id> --" between them ("-- Reboot --" before systemd 250):
+    # the driver has been reloaded since the Xid above it, so the job that ran after it failed of its own error.
+    oom = (
+        "[rank6]:torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.50 GiB. GPU 6 has a total capacity "
+        "of 79.10 GiB of which 1.91 GiB is free."
+    )
+    loaded = "Nov 02 09:40:18 gpu-node-17 kernel: NVRM: loading NVIDIA UNIX x86_64 Kernel Module  550.127.05"
+    for separator in ("-- Boot 7f3a9c0e1d2b4e5f8a6b1c2d3e4f5a6b --", "-- Reboot --"):
+        path = tmp_path / "job.log"
+        path.write_text("\n".join([xid("ba", "gpu-node-17"), separator, loaded, *map(init, range(8)), oom]) + "\n")
+        _, verdict = triage_json(path)
+        assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [6]), (separator, verdict["summary"])
+        roles = {f["kind"]: f["role"] for f in verdict["findings"]}
+        assert roles["gpu_fault.fallen_off_bus"] == "collateral"
+    # The same Xid in the boot the job ran in is the cause.
+    path.write_text("\n".join([loaded, *map(init, range(8)), xid("ba", "gpu-node-17"), oom]) + "\n")
+    assert triage_json(path)[1]["category"] == "gpu_fault"

@@ -150,6 +150,16 @@ def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
     return placed
 
 
+def _of_an_earlier_boot(records: LogRecords) -> list[int]:
+    """The node's kernel and driver lines (rule `node_event`) above journalctl's last boot separator in their file:
+    an earlier boot's, of a GPU the driver has since reloaded; history, not the cause of a job that ran after it."""
+    return [
+        index
+        for index, event in enumerate(records.events)
+        if event.rule.node_event and event.line < records.boots.get(event.file, 0)
+    ]
+
+
 def _candidates(records: LogRecords) -> list[_Candidate]:
     roles = _effective_roles(records.events)
     generic = generic_lines(records)
@@ -159,6 +169,8 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
     for index in _endings_of_own_failures(records):
         roles[index] = "collateral"
     for index in _endings_after_the_job_was_ended(records):
+        roles[index] = "collateral"
+    for index in _of_an_earlier_boot(records):
         roles[index] = "collateral"
     placed = _xid_places(records, roles)
     candidates = [

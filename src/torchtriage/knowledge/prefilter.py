@@ -45,6 +45,8 @@ STRUCTURE_MARKERS += ("group_world_size=", "local_ranks=[", "global_ranks=[")
 # DeepSpeed's launcher's header of its node and its report of each process that exited 0
 # (sources/deepspeed_launch.py).
 STRUCTURE_MARKERS += ("num_local_procs=", "exits successfully")
+# journalctl's separator between boots: the kernel's lines above it are an earlier boot's (sources/log_records.py).
+STRUCTURE_MARKERS += ("-- Boot ", "-- Reboot --")
 
 
 # How often a byte starts a regex attempt in a typical log, roughly: the prefilter starts each word at its

@@ -161,6 +161,8 @@ class LogRecords:
     ranks_known: set[int] = field(default_factory=set)
     # Per file, where DeepSpeed's launcher had logged every process it spawned as exiting 0: (line, text).
     launches_finished: dict[str, tuple[int, str]] = field(default_factory=dict)
+    # Per file, the line of journalctl's last boot separator: the kernel's lines above it are an earlier boot's.
+    boots: dict[str, int] = field(default_factory=dict)
 
 
 # The start of a record of torchtriage's own, read as a log line (sources/registry.py: _READ_AS_LOGS).
@@ -170,6 +172,9 @@ _EXCEPTION = re.compile(
     r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault|Timeout))"
     r"(?::\s?(?P<message>.*))?$"
 )
+# journalctl's separator between boots ("-- Boot 7f3a...5a6b --"; "-- Reboot --" before systemd 250): the prefilter
+# passes it (knowledge/prefilter.py).
+_BOOT_SEPARATOR = re.compile(r"^\s*-- (?:Boot [0-9a-f]{32}|Reboot) --\s*$")
 _REPORT_FIELD = re.compile(r"^\s{2}(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
 _REPORT_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)")
 _REPORT_EXIT = re.compile(r"(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?")
@@ -233,6 +238,7 @@ class _FileReader:
         self.local = _LocalRanks()  # ranks read from a role's "[default3]:" prefix: a node's (settled at close)
         self.launch = DeepSpeedLaunch()  # DeepSpeed's launcher's processes and which exited 0
         self.named = _NamedRank(artifact.rank)  # the rank the file's name implies (settled at close)
+        self.last_boot = 0  # the line of journalctl's last boot separator
 
     def reads_every_hit(self) -> bool:
         """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
@@ -255,6 +261,8 @@ class _FileReader:
         if self.local.read_agent_line(text):
             return
         self.launch.read(line_no, text)
+        if _BOOT_SEPARATOR.match(text):
+            self.last_boot = line_no
         in_report = self._track_report(text, line_no)
         if in_report and self.report_entry is not None and rank is None:
             rank = self.report_entry.rank
@@ -399,6 +407,8 @@ class _FileReader:
         self.local.settle(self.records.ranks_seen, mine, failures)
         if self.launch.finished_at is not None:
             self.records.launches_finished[self.artifact.display] = self.launch.finished_at
+        if self.last_boot:
+            self.records.boots[self.artifact.display] = self.last_boot
         if self.superseded_before:
             mine = self.records.events[self.first_event :]
             kept = [e for e in mine if e.line > self.superseded_before.get(e.rule.id, 0)]
@@ -613,12 +623,15 @@ def _add(records: LogRecords, one: LogRecords) -> None:
     records.problems += one.problems
     records.tails += one.tails
     records.launches_finished.update(one.launches_finished)
+    records.boots.update(one.boots)
 
 
 # A log's records as a forked reader sends them back: plain tuples, which pickle two to three times faster than the
 # dataclasses (thousands of tiny logs cost little more than their records' transport), each event's rule by its
 # id (a rule holds compiled patterns, which do not pickle).
-_Portable = tuple[list[tuple], list[PyTraceback], list[ChildFailure], set[int], list[str], list[str], list[tuple], dict]
+_Portable = tuple[
+    list[tuple], list[PyTraceback], list[ChildFailure], set[int], list[str], list[str], list[tuple], dict, dict
+]
 _EVENT_FIELDS = tuple(f.name for f in fields(LogEvent))
 
 
@@ -642,12 +655,13 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.problems,
         [(tail.file, tail.rank, tail.first_line, tail.data, tail.wrapping) for tail in records.tails],
         records.launches_finished,
+        records.boots,
     )
 
 
 def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) -> None:
     """What `_add` does, from what a child sent back."""
-    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails, launches_finished = portable
+    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails, launches_finished, boots = portable
     first = len(records.events)
     for values in events:
         event = LogEvent(*values)
@@ -660,6 +674,7 @@ def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) ->
     records.problems += problems
     records.tails += [LogTail(*tail) for tail in tails]
     records.launches_finished.update(launches_finished)
+    records.boots.update(boots)
 
 
 _NO_RECORD = "it holds one record of torchtriage's, cut off before its end (the job was killed while writing it?)"
