@@ -22,6 +22,8 @@ from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
 from torchtriage.analysis.finished_run import Failure, finished_despite
 from torchtriage.analysis.memory_facts import memory_findings
+from torchtriage.analysis.oom_victims import FOREIGN as ANOTHER_PROGRAM
+from torchtriage.analysis.oom_victims import victims
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.rank_comparisons import COMPARED, IMPLIED, compared_ranks, compares_ranks
 from torchtriage.analysis.stall import (
@@ -150,6 +152,18 @@ def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
     return placed
 
 
+def _oom_victim_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
+    """The rank whose process each OOM killer's line killed (event index -> rank), by the pids of the job's NCCL
+    set-up lines; a kill of another program's process is made collateral in `roles` (analysis/oom_victims.py)."""
+    placed = {}
+    for index, where in victims(records.events).items():
+        if where == ANOTHER_PROGRAM:
+            roles[index] = "collateral"
+        else:
+            placed[index] = int(where)
+    return placed
+
+
 def _of_an_earlier_boot(records: LogRecords) -> list[int]:
     """The node's kernel and driver lines (rule `node_event`) above journalctl's last boot separator in their file:
     an earlier boot's, of a GPU the driver has since reloaded; history, not the cause of a job that ran after it."""
@@ -172,7 +186,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
         roles[index] = "collateral"
     for index in _of_an_earlier_boot(records):
         roles[index] = "collateral"
-    placed = _xid_places(records, roles)
+    placed = _xid_places(records, roles) | _oom_victim_places(records, roles)
     candidates = [
         _Candidate(
             role,

@@ -24,7 +24,9 @@ from torchtriage.sources.log_records import LogEvent
 
 INIT_RULE = "nccl.init_progress_only"
 FOREIGN = "foreign"  # a GPU none of the job's ranks used
-_NCCL_HOST = re.compile(r"^(?P<host>[^\s:]{1,255}):\d{1,10}:\d{1,10} \[\d{1,4}\]")
+NCCL_PREFIX = re.compile(
+    r"^(?P<host>[^\s:]{1,255}):(?P<pid>\d{1,10}):\d{1,10} \[\d{1,4}\]"
+)  # NCCL's host:pid:tid [dev]
 _KERNEL_HOST = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: (?:\[[\s\d.]+\] )?NVRM: ")
 _PCI = re.compile(
     r"(?:PCI:)?(?P<domain>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<device>[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-9A-Fa-f]))?$"
@@ -56,8 +58,8 @@ def job_gpus(events: Sequence[LogEvent]) -> JobGpus | None:
     for event in inits:
         if int(event.facts["world_size"]) != world or not event.facts.get("rank", "").isdigit():
             continue
-        host = _NCCL_HOST.match(event.text)
-        by_gpu[(_short(host.group("host")) if host else None, int(event.facts["bus_id"], 16))] = int(
+        host = NCCL_PREFIX.match(event.text)
+        by_gpu[(short_host(host.group("host")) if host else None, int(event.facts["bus_id"], 16))] = int(
             event.facts["rank"]
         )
     return JobGpus(world, by_gpu) if by_gpu else None
@@ -79,7 +81,7 @@ def place(event: LogEvent, gpus: JobGpus) -> int | str | None:
     if bus is None:
         return None
     host = _KERNEL_HOST.search(event.text)
-    host = _short(host.group("host")) if host else None
+    host = short_host(host.group("host")) if host else None
     if host is None and len(gpus.hosts) > 1:
         return None  # which node's kernel printed it is not said
     ranks = [r for (h, b), r in gpus.by_gpu.items() if b == bus and (host is None or h is None or h == host)]
@@ -89,5 +91,5 @@ def place(event: LogEvent, gpus: JobGpus) -> int | str | None:
     return FOREIGN if not ranks and gpus.complete and on_a_job_node else None
 
 
-def _short(host: str) -> str:
+def short_host(host: str) -> str:
     return host.split(".", 1)[0]
