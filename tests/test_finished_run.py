@@ -209,3 +209,30 @@ def test_a_loss_that_stayed_non_finite_to_the_end_is_no_finished_job(tmp_path):
     hf = [f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 3.0e-06, 'epoch': {i / 10}}}" for i in range(1, 30)]
     summary = "{'train_runtime': 7391.2, 'train_samples_per_second': 21.1, 'train_loss': 0.2617, 'epoch': 3.0}"
     assert triage_json(write(tmp_path, "hf.log", [*hf, summary]))[1]["category"] == "nan_inf"
+
+
+def test_a_failure_a_program_logged_as_a_warning_and_trained_on_after_is_no_cause_of_a_later_one(tmp_path):
+    # fairseq/trainer.py: a caught OOM is logged at WARNING ("OOM: Ran out of memory with exception: ..."), then
+    # "attempting to recover from OOM"; its train_inner lines go on. Rank 5's illegal memory access later ends the job.
+    head = "[rank0]:2025-11-06 09:31:40 | WARNING | fairseq.trainer | "
+    caught = [
+        head + "OOM: Ran out of memory with exception: CUDA out of memory. Tried to allocate 3.91 GiB. GPU 0 has a "
+        "total capacity of 79.10 GiB of which 2.11 GiB is free.",
+        head + "attempting to recover from OOM in forward/backward pass",
+    ]
+    inner = [
+        f"[rank0]:2025-11-06 09:{35 + i}:00 | INFO | train_inner | epoch 001:   {100 * i} / 21440 "
+        f"loss={7.2 - i / 20:.3f}, nll_loss=6.900, num_updates={100 * i}"
+        for i in range(1, 10)
+    ]
+    ima = [
+        "[rank5]:Traceback (most recent call last):",
+        '[rank5]:  File "/workspace/train.py", line 121, in train_step',
+        "[rank5]:    loss.backward()",
+        "[rank5]:RuntimeError: CUDA error: an illegal memory access was encountered",
+    ]
+    _, verdict = triage_json(write(tmp_path, "job.log", [*caught, *inner, *ima]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [5]), verdict["summary"]
+    # Without the training that went on after it, the warned OOM is where the job's trouble began.
+    _, unsure = triage_json(write(tmp_path, "short.log", [*caught, *ima]))
+    assert unsure["category"] == "oom", unsure["summary"]

@@ -120,3 +120,32 @@ def _covering(failures: list[Failure], records: LogRecords, by_launcher: bool) -
             return None  # a failure after the report: another node's agent, an exit barrier that timed out
         reports.append(success)
     return list(dict.fromkeys(reports)) or [success for success, _ in found.values()] or None
+
+
+def survived_warnings(records: LogRecords) -> set[int]:
+    """The events (by index) a program logged at Python's WARNING level (a failure it caught and reports: fairseq's
+    "OOM: Ran out of memory with exception: ..." before it recovers) after which the same rank's training went on (a
+    later line of its file, of that rank, states a finite loss): the program's own judgement, borne out. Such a
+    line is no cause of a failure that came after it."""
+    warned = [(i, e) for i, e in enumerate(records.events) if e.severity is None and _WARNING.match(e.text)]
+    if not warned:
+        return set()
+    progress = _finite_loss_lines(records, {e.file for _, e in warned})
+    return {
+        index
+        for index, event in warned
+        if any(line > event.line and rank in (event.rank, None) for line, rank in progress.get(event.file, ()))
+    }
+
+
+def _finite_loss_lines(records: LogRecords, files: set[str]) -> dict[str, list[tuple[int, int | None]]]:
+    """(line, rank) of each line of `files`' tails that states a finite loss."""
+    known = stall_knowledge()
+    found: dict[str, list[tuple[int, int | None]]] = {}
+    for tail in records.tails:
+        if tail.file in files:
+            for number, text, rank, _ in tail.lines_with_severity():
+                loss = known.loss_in(text)
+                if loss is not None and math.isfinite(loss):
+                    found.setdefault(tail.file, []).append((number, rank))
+    return found

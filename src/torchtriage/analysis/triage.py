@@ -20,7 +20,7 @@ from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascad
 from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
-from torchtriage.analysis.finished_run import Failure, finished_despite
+from torchtriage.analysis.finished_run import Failure, finished_despite, survived_warnings
 from torchtriage.analysis.memory_facts import memory_findings
 from torchtriage.analysis.oom_victims import FOREIGN as ANOTHER_PROGRAM
 from torchtriage.analysis.oom_victims import victims
@@ -77,12 +77,12 @@ _BLAMING_KINDS = (*TIMEOUT_KINDS, "logs.silent_rank")
 _HANG_FAMILY = ("nccl_timeout", "hang")
 
 
-def _effective_roles(events: list[LogEvent]) -> list[str]:
-    present = {e.rule.category for e in events if e.rule.role != "collateral"}
+def _effective_roles(events: list[LogEvent], survived: set[int]) -> list[str]:
+    present = {e.rule.category for i, e in enumerate(events) if e.rule.role != "collateral" and i not in survived}
     roles = []
-    for event in events:
+    for index, event in enumerate(events):
         explained = any(cat in present and cat != event.rule.category for cat in event.rule.collateral_of)
-        role = "collateral" if explained else event.rule.role
+        role = "collateral" if explained or index in survived else event.rule.role
         if role == "primary" and event.severity == "I":
             role = "symptom"  # a line logged at INFO level reports; it is not the failure itself
         elif role != "collateral" and event.severity == "W":
@@ -175,7 +175,7 @@ def _of_an_earlier_boot(records: LogRecords) -> list[int]:
 
 
 def _candidates(records: LogRecords) -> list[_Candidate]:
-    roles = _effective_roles(records.events)
+    roles = _effective_roles(records.events, survived_warnings(records))
     generic = generic_lines(records)
     cascades = library_cascades(records, roles, generic)
     for index in cascades:
