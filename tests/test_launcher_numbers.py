@@ -134,3 +134,31 @@ def test_a_per_rank_file_gives_its_rank_to_its_unprefixed_lines(tmp_path):
     for name, lines in (("rank3.log", ["step 1 | loss 2.1", oom]), ("proc-3.out", ["[rank3]:step 1", oom])):
         _, verdict = triage_json(write(tmp_path, lines, name=name))
         assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [3]), (name, verdict["summary"])
+
+
+def report(entries):
+    # torch/distributed/elastic/multiprocessing/errors/error_handler + ChildFailedError.format_msg: the root cause,
+    # then any other failures, one block each.
+    lines = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60, "main.py FAILED"]
+    for index, (rank, code) in enumerate(entries):
+        lines += ["-" * 60, "Root Cause (first observed failure):" if index == 0 else "Failures:", f"[{index}]:"]
+        lines += ["  time      : 2024-06-20_14:00:14", "  host      : gpu-y02"]
+        lines += [f"  rank      : {rank} (local_rank: {rank % 4})", f"  exitcode  : {code} (pid: {31188 + rank})"]
+    return lines
+
+
+def test_an_exception_without_a_rank_is_the_one_of_the_rank_the_report_below_it_names(tmp_path):
+    # torch 1.13 prints no rank prefix: the OOM's traceback is the exception that ended the report's one rank (exit 1).
+    oom = [
+        "Traceback (most recent call last):",
+        '  File "main.py", line 210, in <module>',
+        "RuntimeError: CUDA out of memory. Tried to allocate 1.53 GiB (GPU 2; 31.75 GiB total capacity; 28.61 GiB "
+        "already allocated; 1.10 GiB free; 29.51 GiB reserved in total by PyTorch)",
+    ]
+    _, verdict = triage_json(write(tmp_path, [*STEPS, *oom, *report([(6, 1)])]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [6]), verdict["summary"]
+    # Two failed ranks, or a rank killed by a signal (its exception printed no traceback): whose lines they are is
+    # not said.
+    for entries in ([(6, 1), (5, 1)], [(6, -9)]):
+        _, verdict = triage_json(write(tmp_path, [*STEPS, *oom, *report(entries)]))
+        assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", []), (entries, verdict["summary"])

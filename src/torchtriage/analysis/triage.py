@@ -464,6 +464,22 @@ def _printer_waits(candidate: _Candidate) -> bool:
     return not (rule.rank_fact and rule.rank_fact in candidate.event.facts)
 
 
+def _the_reports_one_exception(primary: _Candidate, candidates: list[_Candidate], records: LogRecords) -> list[int]:
+    """The rank of a failure whose lines carry none, where torchrun's report below them in their file names one
+    failed rank, and that rank ended of an exception (exitcode 1: Python's, which printed a traceback): the
+    failure's lines are that exception's. With several failed ranks, or lines of the failure after the report, it
+    cannot say whose they are."""
+    if primary.rank is not None:
+        return []
+    entries = [f for f in records.child_failures if f.file == primary.file]
+    if len(entries) != 1 or entries[0].rank is None or entries[0].exit_code != 1:
+        return []
+    same = [c for c in candidates if c.category == primary.category and c.role != "collateral"]
+    if any(c.rank is not None or c.file != primary.file or c.line > entries[0].line for c in same):
+        return []
+    return [entries[0].rank]
+
+
 def _child_failure_facts(failures: list[ChildFailure]) -> dict:
     exits = {}
     for failure in failures:
@@ -614,6 +630,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
                 if c.category == primary.category and c.role != "collateral" and not _printer_waits(c)
             }
         )
+    if not culprits and primary.role == "primary":
+        culprits = _the_reports_one_exception(primary, candidates, records)
     findings = _findings(candidates)
     lead = next(f for f in findings if f.kind == primary.kind and f.role == primary.role)
     # The same failure's other lines complete its facts; a generic CUDA error it caused says nothing of it.
