@@ -207,6 +207,9 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
         for index, (e, role) in enumerate(zip(records.events, roles, strict=True))
     ]
     matched_lines = {(e.file, e.line) for e in records.events}
+    wrapped = _wrapped_by_a_known_failure(
+        records.tracebacks, {(e.file, e.line): e.rule.category for e in records.events}
+    )
     for tb in records.tracebacks:
         if tb.exception is None:
             blocked = _blocked_in_collective(tb, len(records.events))
@@ -219,7 +222,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             continue  # stopped from outside: the stall layer reads where it was
         candidates.append(
             _Candidate(
-                role=_exception_role(tb),
+                role="symptom" if id(tb) in wrapped else _exception_role(tb),
                 priority=1,
                 category=_category_of_exception(tb),
                 kind=UNCAUGHT_EXCEPTION,
@@ -233,6 +236,35 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             )
         )
     return candidates
+
+
+# Python prints a chained exception's traceback after its cause's exception line, one blank line, the chain's
+# sentence ("During handling of the above exception, another exception occurred:", "The above exception was the
+# direct cause of the following exception:") and another (Lib/traceback.py, TracebackException.format).
+_CHAIN_GAP = 4
+
+
+def _wrapped_by_a_known_failure(tracebacks: list[PyTraceback], matched: dict[tuple[str, int], str]) -> set[int]:
+    """The tracebacks (by id) whose exception a library caught and raised again as one whose failure is known (the
+    next traceback of the same file and rank, chained to it; a rule reads its exception line, of category
+    `matched[(file, line)]`, or the place it was raised gives its category): where the inner exception's category is
+    unknown or the same, it is that failure's detail (ConnectionRefusedError inside torchrun's
+    RendezvousConnectionError), not a failure of its own."""
+    by_place: dict[tuple[str, int | None], list[PyTraceback]] = defaultdict(list)
+    for tb in tracebacks:
+        by_place[(tb.file, tb.rank)].append(tb)
+    wrapped: dict[int, str] = {}  # id -> the category of the known failure that wraps it
+    for chain in by_place.values():
+        chain.sort(key=lambda tb: tb.line)
+        pairs = list(zip(chain, chain[1:], strict=False))
+        for inner, outer in reversed(pairs):  # a chain of several: each link wrapped by the next, up to the known
+            if not (inner.exception_line and 0 < outer.line - inner.exception_line <= _CHAIN_GAP):
+                continue
+            known = matched.get((outer.file, outer.exception_line or 0)) or wrapped.get(id(outer))
+            known = known or _category_of_exception(outer)
+            if known != "unknown" and _category_of_exception(inner) in ("unknown", known):
+                wrapped[id(inner)] = known
+    return set(wrapped)
 
 
 def _stops_because_it_finished(stall: Assessment, records: LogRecords) -> bool:

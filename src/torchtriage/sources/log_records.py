@@ -169,7 +169,7 @@ class LogRecords:
 _OWN_RECORD = re.compile(rb'\s*\{\s*"schema"\s*:\s*"torchtriage\.')
 _FRAME = re.compile(r'^\s*File "(?P<path>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?$')
 _EXCEPTION = re.compile(
-    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Fault|Timeout))"
+    r"^(?P<type>(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed|Fault|Timeout))"
     r"(?::\s?(?P<message>.*))?$"
 )
 # journalctl's separator between boots ("-- Boot 7f3a...5a6b --"; "-- Reboot --" before systemd 250): the prefilter
