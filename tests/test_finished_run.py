@@ -236,3 +236,16 @@ def test_a_failure_a_program_logged_as_a_warning_and_trained_on_after_is_no_caus
     # Without the training that went on after it, the warned OOM is where the job's trouble began.
     _, unsure = triage_json(write(tmp_path, "short.log", [*caught, *ima]))
     assert unsure["category"] == "oom", unsure["summary"]
+
+
+def test_a_scheduler_that_ends_a_step_for_its_memory_says_host_oom(tmp_path):
+    # Slurm's jobacct_gather polls the step's RSS: "%ps exceeded memory limit (%lu > %lu), being killed", then
+    # slurmstepd cancels the step and srun reports its tasks killed.
+    lines = [
+        *STEPS,
+        "slurmstepd: error: Step 6613.0 exceeded memory limit (262183404 > 262144000), being killed",
+        "slurmstepd: error: *** STEP 6613.0 ON gpu-node-06 CANCELLED AT 2025-03-10T08:17:31 ***",
+        "srun: error: gpu-node-06: task 0: Killed",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (code, verdict["category"]) == (exit_codes.PROBLEM_FOUND, "host_oom"), verdict["summary"]
