@@ -46,6 +46,20 @@ def test_times_from_glog_and_iso_headers_are_comparable():
     assert glog.time < iso.time < python_logging.time
 
 
+@pytest.mark.parametrize(
+    "header, november",
+    [
+        ("[rank5]:[W728 15:01:59.562622567 TCPStore.cpp:340] ", "[W1128 15:01:59.562622567 TCPStore.cpp:340] "),
+        ("[W105 00:00:01.000000000 socket.cpp:1] ", "[W1105 00:00:01.000000000 socket.cpp:1] "),
+    ],
+)
+def test_c10s_unpadded_dates_are_a_header_in_every_month(header, november):
+    # c10/util/Logging.cpp writes the date as month * 100 + day: January 5th is "105", July 28th "728".
+    line = normalise(header + "x")
+    assert (line.text, line.severity) == ("x", "W")
+    assert line.time < normalise(november + "x").time  # the same day and time in November is later
+
+
 def test_every_kind_of_terminal_sequence_is_peeled_before_matching():
     from torchtriage.sources.lines import strip_ansi
 

@@ -56,9 +56,10 @@ _RANK_STARTS = ("[rank", "[default", "[Rank", "[RANK")
 
 # glog (c10) headers, bracketed by torch ("[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] ")
 # or bare ("E1130 02:54:48.068043 1234 ProcessGroupNCCL.cpp:689] "); torch's Python logging uses the
-# bare form too ("W1130 02:54:18.606000 625 torch/distributed/run.py:851] ").
+# bare form too ("W1130 02:54:18.606000 625 torch/distributed/run.py:851] "). c10's own header writes the date
+# as (month) * 100 + day, unpadded (c10/util/Logging.cpp MessageLogger): July 28th is "[W728 ...".
 _GLOG = re.compile(
-    r"\[?(?P<sev>[IWEF])(?P<month>\d\d)(?P<day>\d\d) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)"
+    r"\[?(?P<sev>[IWEF])(?P<month>1[0-2]|0?[1-9])(?P<day>[0-3]\d) (?P<hms>\d\d:\d\d:\d\d(?:\.\d+)?)"
     r"(?:\s+\d+)?\s+[^\s\]]+:\d+\]\s?"
 )
 # c10's older header, without date or time: "[W socket.cpp:663] ", "[E ProcessGroupNCCL.cpp:737] ".
