@@ -58,7 +58,7 @@ def py_spy_processes(pids):
         if not entry.name.isdigit():
             continue
         try:
-            argv = (entry / "cmdline").read_bytes().decode().split("\0")
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")  # any process's bytes
         except OSError:
             continue
         if argv and Path(argv[0]).name == "py-spy" and wanted & set(argv):

@@ -134,13 +134,16 @@ def test_a_diagnosis_of_pods_names_the_node_the_culprits_pod_ran_on(tmp_path):
     from hung_job import clean_environment, stop_agents
     from test_debug_server import STANDINS, _ready_lines, _start_agents
 
-    pods, nodes = ["myjob-master-0", "myjob-worker-0"], ["gpu-node-a", "gpu-node-b"]
+    # Pod names of this run's own: a capture takes the torchrun jobs whose HOSTNAME is its pod's, so another run of
+    # this test on the machine at the same time must not share them.
+    job_name = f"myjob{os.getpid()}"
+    pods, nodes = [f"{job_name}-master-0", f"{job_name}-worker-0"], ["gpu-node-a", "gpu-node-b"]
     kubectl = tmp_path / "bin" / "kubectl"
     kubectl.parent.mkdir()
     kubectl.write_text(_KUBECTL_WITH_NODES.format(python=sys.executable, standin=str(STANDINS / "kubectl")))
     kubectl.chmod(0o755)
     path = os.pathsep.join((str(kubectl.parent), str(Path(sys.executable).parent), os.environ["PATH"]))
-    selector = "training.kubeflow.org/job-name=myjob"
+    selector = f"training.kubeflow.org/job-name={job_name}"
     env = {**os.environ, "PATH": path, "STANDIN_PODS": ",".join(pods), "STANDIN_SELECTOR": selector,
            "STANDIN_NODES": ",".join(f"{pod}={node}" for pod, node in zip(pods, nodes, strict=True))}  # fmt: skip
     job = clean_environment(HANG_MODE="skip", HANG_CULPRIT="2")
