@@ -87,3 +87,25 @@ def test_an_xid_of_an_earlier_boot_is_history_not_the_cause(tmp_path):
     # The same Xid in the boot the job ran in is the cause.
     path.write_text("\n".join([loaded, *map(init, range(8)), xid("ba", "gpu-node-17"), oom]) + "\n")
     assert triage_json(path)[1]["category"] == "gpu_fault"
+
+
+def xid31(bus, pid):
+    # Xid 31 (an MMU fault) names the process whose GPU context faulted
+    return (
+        f"[Thu Nov  6 10:13:40 2025] NVRM: Xid (PCI:0000:{bus}:00): 31, pid={pid}, name=python3, Ch 00000018, "
+        "intr 00000000. MMU Fault: ENGINE GRAPHICS GPC3 GPCCLIENT_T1_0 faulted @ 0x7fa2_00000000."
+    )
+
+
+def test_an_xid_whose_node_is_not_said_is_placed_by_its_pid(tmp_path):
+    nodes = [init(r, world=16, host="gpu-a" if r < 8 else "gpu-b") for r in range(16)]
+    assert verdict_of(tmp_path, [*nodes, xid31("ab", 50120 + 13)])["culprit_ranks"] == [13]
+    assert verdict_of(tmp_path, [*nodes, xid31("ab", 4242)])["culprit_ranks"] == []
+
+
+def test_the_kernels_lines_appended_after_the_jobs_are_not_its_aftermath_by_their_place(tmp_path):
+    # dmesg appended after the job's log: the Xid at 10:13 came ten minutes before the watchdogs fired; its place
+    # below their lines says nothing of the order.
+    lines = [*map(init, range(8)), *TIMEOUTS, xid31("9a", 50124)]
+    verdict = verdict_of(tmp_path, lines)
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [4]), verdict["summary"]

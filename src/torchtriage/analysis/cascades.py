@@ -63,7 +63,9 @@ def library_cascades(
         place = (event.file, event.line)
         if place not in generic or place in explained or roles[index] == "collateral":
             continue
-        before = first_in_file.get(event.file)
+        # The kernel's and driver's lines (an Xid) keep their own clock: appended to a job's log (dmesg after the
+        # job), their place in the file says nothing of which came first.
+        before = None if event.rule.node_event else first_in_file.get(event.file)
         if before is not None and before.line < event.line:
             explained[place] = Cascade(before, library_of[id(before)].name, AFTER)
         elif earliest is not None and event.time is not None and earliest.time < event.time:  # type: ignore[operator]

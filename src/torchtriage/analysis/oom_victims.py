@@ -19,41 +19,25 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from torchtriage.analysis.xid_buses import INIT_RULE, NCCL_PREFIX, short_host
+from torchtriage.analysis.xid_buses import by_pid, job_pids
 from torchtriage.sources.log_records import LogEvent
 
 KILLER_RULE = "host_oom.kernel_oom_killer"
 FOREIGN = "foreign"  # a process of another program
 _JOB_NAMES = re.compile(r"^(?:python[\d.]*|pt_\w*|torchrun|deepspeed|accelerate)$", re.IGNORECASE)
-_KERNEL_HOST = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: ")
-
-
-def job_pids(events: Sequence[LogEvent]) -> tuple[int, dict[tuple[str, int], int]] | None:
-    """The world's size and each rank's (host, pid), from the world communicator's set-up lines."""
-    inits = [e for e in events if e.rule.id == INIT_RULE and "world_size" in e.facts]
-    if not inits:
-        return None
-    world = max(int(e.facts["world_size"]) for e in inits)
-    pids = {}
-    for event in inits:
-        prefix = NCCL_PREFIX.match(event.text)
-        if prefix and int(event.facts["world_size"]) == world and event.facts.get("rank", "").isdigit():
-            pids[(short_host(prefix.group("host")), int(prefix.group("pid")))] = int(event.facts["rank"])
-    return (world, pids) if pids else None
 
 
 def victims(events: Sequence[LogEvent]) -> dict[int, int | str]:
     """For each OOM killer's line (event index): the rank whose process it killed, or FOREIGN for a line of a file
     whose every named victim is another program's. Lines nothing places are left out."""
-    known = job_pids(events)
-    pids = known[1] if known else {}
+    pids = job_pids(events)
     kills = [(i, e) for i, e in enumerate(events) if e.rule.id == KILLER_RULE]
     placed: dict[int, int | str] = {}
     foreign_by_file: dict[str, list[bool]] = {}
     for index, event in kills:
         if not event.facts.get("pid", "").isdigit() or not event.facts.get("task", "").strip():
             continue
-        rank = _rank_of(event, int(event.facts["pid"]), pids)
+        rank = by_pid(event, pids)
         if rank is not None:
             placed[index] = rank
         foreign = rank is None and not _JOB_NAMES.match(event.facts["task"].strip())
@@ -62,10 +46,3 @@ def victims(events: Sequence[LogEvent]) -> dict[int, int | str]:
         if index not in placed and all(foreign_by_file.get(event.file) or [False]):
             placed[index] = FOREIGN
     return placed
-
-
-def _rank_of(event: LogEvent, pid: int, pids: dict[tuple[str, int], int]) -> int | None:
-    host = _KERNEL_HOST.search(event.text)
-    host = short_host(host.group("host")) if host else None
-    ranks = {r for (h, p), r in pids.items() if p == pid and (host is None or h == host)}
-    return ranks.pop() if len(ranks) == 1 else None

@@ -33,7 +33,7 @@ from torchtriage.analysis.stall import (
     starts_mid_message,
     what_was_seen,
 )
-from torchtriage.analysis.xid_buses import FOREIGN, job_gpus, place
+from torchtriage.analysis.xid_buses import FOREIGN, by_pid, job_gpus, job_pids, place
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -134,15 +134,17 @@ def _endings_after_the_job_was_ended(records: LogRecords) -> list[int]:
 
 
 def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
-    """The rank each GPU-fault line's PCI address places it on (event index -> rank), by the job's NCCL set-up
-    lines; a line about a GPU none of the job's ranks used is made collateral in `roles` (analysis/xid_buses.py)."""
-    gpus = job_gpus(records.events)
+    """The rank each GPU-fault line's PCI address (or, failing it, its pid) places it on (event index -> rank), by
+    the job's NCCL set-up lines; a line about a GPU none of the job's ranks used is made collateral in `roles`
+    (analysis/xid_buses.py)."""
+    gpus, pids = job_gpus(records.events), job_pids(records.events)
     placed: dict[int, int] = {}
-    if gpus is None:
+    if gpus is None and not pids:
         return placed
     faults = [(i, e) for i, e in enumerate(records.events) if e.rule.category == "gpu_fault"]
     # One line can reach several rules; the address one of them read places the line.
-    by_line = {(e.file, e.line): where for _, e in faults if (where := place(e, gpus)) is not None}
+    where_of = (lambda e: place(e, gpus, pids)) if gpus is not None else (lambda e: by_pid(e, pids))
+    by_line = {(e.file, e.line): where for _, e in faults if (where := where_of(e)) is not None}
     for index, event in faults:
         where = by_line.get((event.file, event.line))
         if where == FOREIGN:

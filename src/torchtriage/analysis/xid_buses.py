@@ -11,7 +11,8 @@ global one), they say:
   the job did not use); the Xid says nothing of this job.
 
 A host on the Xid line (syslog's `host kernel:`) must be the NCCL line's (`host:pid:tid [dev]`); where the
-Xid line has none, its GPU is placed only when one node's ranks could hold it.
+Xid line has none, its GPU is placed only when one node's ranks could hold it. Where the address cannot place
+it, the pid the driver names (the process whose GPU context faulted) can: the rank whose pid NCCL's prefix gives.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ NCCL_PREFIX = re.compile(
     r"^(?P<host>[^\s:]{1,255}):(?P<pid>\d{1,10}):\d{1,10} \[\d{1,4}\]"
 )  # NCCL's host:pid:tid [dev]
 _KERNEL_HOST = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: (?:\[[\s\d.]+\] )?NVRM: ")
+_HOST_BEFORE_KERNEL = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: ")
 _PCI = re.compile(
     r"(?:PCI:)?(?P<domain>[0-9A-Fa-f]{4,8}):(?P<bus>[0-9A-Fa-f]{2}):(?P<device>[0-9A-Fa-f]{2})(?:\.(?P<fn>[0-9A-Fa-f]))?$"
 )
@@ -65,6 +67,20 @@ def job_gpus(events: Sequence[LogEvent]) -> JobGpus | None:
     return JobGpus(world, by_gpu) if by_gpu else None
 
 
+def job_pids(events: Sequence[LogEvent]) -> dict[tuple[str, int], int]:
+    """Each rank's (host, pid), from the world communicator's set-up lines (NCCL's `host:pid:tid [dev]` prefix)."""
+    inits = [e for e in events if e.rule.id == INIT_RULE and "world_size" in e.facts]
+    if not inits:
+        return {}
+    world = max(int(e.facts["world_size"]) for e in inits)
+    pids = {}
+    for event in inits:
+        prefix = NCCL_PREFIX.match(event.text)
+        if prefix and int(event.facts["world_size"]) == world and event.facts.get("rank", "").isdigit():
+            pids[(short_host(prefix.group("host")), int(prefix.group("pid")))] = int(event.facts["rank"])
+    return pids
+
+
 def xid_bus(event: LogEvent) -> int | None:
     """The bus number of an Xid line's GPU, as NCCL packs it."""
     found = _PCI.match(event.facts.get("device", ""))
@@ -74,21 +90,36 @@ def xid_bus(event: LogEvent) -> int | None:
     return domain << 20 | bus << 12 | device << 4 | int(found.group("fn") or "0", 16)
 
 
-def place(event: LogEvent, gpus: JobGpus) -> int | str | None:
+def place(event: LogEvent, gpus: JobGpus, pids: dict[tuple[str, int], int] | None = None) -> int | str | None:
     """The rank whose GPU the Xid names; FOREIGN for a GPU none of the job's ranks used on a node the job's
-    every rank is known on; None where the lines cannot say."""
+    every rank is known on; None where the lines cannot say. Where the address places nothing, the Xid's pid
+    (the process whose context faulted) places it on the rank whose pid NCCL's lines give (`pids`)."""
     bus = xid_bus(event)
     if bus is None:
-        return None
+        return by_pid(event, pids or {})
     host = _KERNEL_HOST.search(event.text)
     host = short_host(host.group("host")) if host else None
     if host is None and len(gpus.hosts) > 1:
-        return None  # which node's kernel printed it is not said
+        return by_pid(event, pids or {})  # which node's kernel printed it is not said: its pid may say whose it is
     ranks = [r for (h, b), r in gpus.by_gpu.items() if b == bus and (host is None or h is None or h == host)]
     if len(ranks) == 1:
         return ranks[0]
+    if not ranks and (rank := by_pid(event, pids or {})) is not None:
+        return rank
     on_a_job_node = host is None or host in gpus.hosts
     return FOREIGN if not ranks and gpus.complete and on_a_job_node else None
+
+
+def by_pid(event: LogEvent, pids: dict[tuple[str, int], int]) -> int | None:
+    """The rank whose (host, pid) a kernel line's `pid` fact names, the host its syslog prefix gives where it
+    gives one."""
+    pid = event.facts.get("pid", "")
+    if not pid.isdigit():
+        return None
+    host = _HOST_BEFORE_KERNEL.search(event.text)
+    host = short_host(host.group("host")) if host else None
+    ranks = {r for (h, p), r in pids.items() if p == int(pid) and (host is None or h == host)}
+    return ranks.pop() if len(ranks) == 1 else None
 
 
 def short_host(host: str) -> str:
