@@ -295,6 +295,10 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         culprits, absent_findings, absent_facts = absent_from_timeout(records, waiting_ranks)
         findings += absent_findings
         facts.update(absent_facts)
+    if not culprits and not any(f.kind == "logs.silent_rank" for f in findings):
+        culprits, absent_findings, absent_facts = absent_from_a_subgroup(records.events)
+        findings += absent_findings
+        facts.update(absent_facts)
     return culprits, findings, facts
 
 
@@ -318,6 +322,47 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         "collective has nothing to time out on), or its output is not in these logs"
     )
     return _silent_verdict(silent, message)
+
+
+def absent_from_a_subgroup(events: list[LogEvent]) -> tuple[list[int], list[Finding], dict]:
+    """Reading 4 within one process group: its watchdog's status lines number the printer in the group ("[PG ID 2
+    ... Rank 1]") while its prefix gives the job's rank. Where three or more members timed out at one seq and their
+    two numberings agree on one stride (global = first + stride x group rank: Megatron's and DeviceMesh's groups
+    are evenly spaced), the group ranks below the highest that printed nothing never reached the collective, and
+    the stride places them in the job (a TP group's rank 2 of job ranks 4-7 is rank 6, though it printed the
+    default group's lines)."""
+    members: dict[str, dict[int, int]] = defaultdict(dict)  # group -> group rank -> job rank
+    for event in events:
+        group_rank, seq = _int(event.facts.get("group_rank")), _int(event.facts.get("seq"))
+        if event.rank is not None and group_rank is not None and seq is not None and "last_enqueued" in event.facts:
+            members[f"{_group_named(event.facts)} seq {seq}"].setdefault(group_rank, event.rank)
+    for group, ranks in sorted(members.items(), key=lambda item: -len(item[1])):
+        spacing = _even_spacing(ranks)
+        silent_in_group = sorted(set(range(max(ranks) + 1)) - set(ranks))
+        if spacing is None or not silent_in_group or len(silent_in_group) > SILENT_LISTED_MAX:
+            continue
+        first, stride = spacing
+        silent = [first + stride * g for g in silent_in_group]
+        message = (
+            f"{format_ranks(silent)} ({format_ranks(silent_in_group)} of {group.rsplit(' seq ', 1)[0]}) printed no "
+            f"timeout while {format_ranks(sorted(ranks.values()))} of that group timed out at the same collective: "
+            "never reached it, or its output is not in these logs"
+        )
+        return _silent_verdict(silent, message)
+    return [], [], {}
+
+
+def _even_spacing(ranks: dict[int, int]) -> tuple[int, int] | None:
+    """(first, stride) where every (group rank, job rank) pair of three or more lies on job = first + stride x
+    group rank with a whole stride of 1 or more; two points fit any line, so they prove nothing."""
+    if len(ranks) < 3:
+        return None
+    (g0, r0), (g1, r1) = sorted(ranks.items())[:2]
+    stride, rest = divmod(r1 - r0, g1 - g0)
+    first = r0 - stride * g0
+    if rest or stride < 1 or first < 0 or any(first + stride * g != r for g, r in ranks.items()):
+        return None
+    return first, stride
 
 
 def _silent_verdict(silent: list[int], message: str) -> tuple[list[int], list[Finding], dict]:
