@@ -162,3 +162,16 @@ def test_an_exception_without_a_rank_is_the_one_of_the_rank_the_report_below_it_
     for entries in ([(6, 1), (5, 1)], [(6, -9)]):
         _, verdict = triage_json(write(tmp_path, [*STEPS, *oom, *report(entries)]))
         assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", []), (entries, verdict["summary"])
+
+
+def test_a_merged_logs_name_changes_no_verdict_its_lines_decide(tmp_path):
+    # A merged log holding other ranks' prefixes and torchrun's report: the report's entry names its rank, whatever
+    # rank the user named the file after.
+    closed = [
+        f"[rank{r}]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        f"[10.0.0.{r}]:4242"
+        for r in (0, 1)
+    ]
+    lines = [*BANNER, *STEPS, *closed, *report([(2, -11)])]
+    verdicts = [triage_json(write(tmp_path, lines, name=name))[1] for name in ("job.log", "job_rank3.log")]
+    assert [(v["category"], v["culprit_ranks"]) for v in verdicts] == [(verdicts[0]["category"], [2])] * 2

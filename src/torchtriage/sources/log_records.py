@@ -264,8 +264,8 @@ class _FileReader:
         if _BOOT_SEPARATOR.match(text):
             self.last_boot = line_no
         in_report = self._track_report(text, line_no)
-        if in_report and self.report_entry is not None and rank is None:
-            rank = self.report_entry.rank
+        if in_report and self.report_entry is not None and (rank is None or by_name):
+            rank, by_name = self.report_entry.rank, False  # the report's entry names its rank; the file's name does not
         time = line.time
         if time is None and in_report and self.report_entry is not None:
             time = self.report_entry.time
