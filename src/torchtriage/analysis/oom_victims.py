@@ -19,18 +19,17 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from torchtriage.analysis.xid_buses import by_pid, job_pids
+from torchtriage.analysis.xid_buses import FOREIGN, by_pid
 from torchtriage.sources.log_records import LogEvent
 
 KILLER_RULE = "host_oom.kernel_oom_killer"
-FOREIGN = "foreign"  # a process of another program
 _JOB_NAMES = re.compile(r"^(?:python[\d.]*|pt_\w*|torchrun|deepspeed|accelerate)$", re.IGNORECASE)
 
 
-def victims(events: Sequence[LogEvent]) -> dict[int, int | str]:
+def victims(events: Sequence[LogEvent], pids: dict[tuple[str, int], int]) -> dict[int, int | str]:
     """For each OOM killer's line (event index): the rank whose process it killed, or FOREIGN for a line of a file
-    whose every named victim is another program's. Lines nothing places are left out."""
-    pids = job_pids(events)
+    whose every named victim is another program's. Lines nothing places are left out. `pids`: each rank's (host,
+    pid), xid_buses.job_pids."""
     kills = [(i, e) for i, e in enumerate(events) if e.rule.id == KILLER_RULE]
     placed: dict[int, int | str] = {}
     foreign_by_file: dict[str, list[bool]] = {}

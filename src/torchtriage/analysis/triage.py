@@ -22,7 +22,6 @@ from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
 from torchtriage.analysis.finished_run import Failure, finished_despite, survived_warnings
 from torchtriage.analysis.memory_facts import memory_findings
-from torchtriage.analysis.oom_victims import FOREIGN as ANOTHER_PROGRAM
 from torchtriage.analysis.oom_victims import victims
 from torchtriage.analysis.positions import classify_frames, innermost_user_frame
 from torchtriage.analysis.rank_comparisons import COMPARED, IMPLIED, compared_ranks, compares_ranks
@@ -33,7 +32,7 @@ from torchtriage.analysis.stall import (
     starts_mid_message,
     what_was_seen,
 )
-from torchtriage.analysis.xid_buses import FOREIGN, by_pid, job_gpus, job_pids, place
+from torchtriage.analysis.xid_buses import FOREIGN, job_gpus, job_pids, place
 from torchtriage.knowledge.frames import stack_knowledge
 from torchtriage.knowledge.rules import rule_by_id
 from torchtriage.model import ROLES, Assessment, Evidence, Finding, RankState
@@ -133,18 +132,17 @@ def _endings_after_the_job_was_ended(records: LogRecords) -> list[int]:
     ]
 
 
-def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
+def _xid_places(records: LogRecords, roles: list[str], pids: dict[tuple[str, int], int]) -> dict[int, int]:
     """The rank each GPU-fault line's PCI address (or, failing it, its pid) places it on (event index -> rank), by
     the job's NCCL set-up lines; a line about a GPU none of the job's ranks used is made collateral in `roles`
     (analysis/xid_buses.py)."""
-    gpus, pids = job_gpus(records.events), job_pids(records.events)
+    gpus = job_gpus(records.events)
     placed: dict[int, int] = {}
     if gpus is None and not pids:
         return placed
     faults = [(i, e) for i, e in enumerate(records.events) if e.rule.category == "gpu_fault"]
     # One line can reach several rules; the address one of them read places the line.
-    where_of = (lambda e: place(e, gpus, pids)) if gpus is not None else (lambda e: by_pid(e, pids))
-    by_line = {(e.file, e.line): where for _, e in faults if (where := where_of(e)) is not None}
+    by_line = {(e.file, e.line): where for _, e in faults if (where := place(e, gpus, pids)) is not None}
     for index, event in faults:
         where = by_line.get((event.file, event.line))
         if where == FOREIGN:
@@ -154,12 +152,12 @@ def _xid_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
     return placed
 
 
-def _oom_victim_places(records: LogRecords, roles: list[str]) -> dict[int, int]:
+def _oom_victim_places(records: LogRecords, roles: list[str], pids: dict[tuple[str, int], int]) -> dict[int, int]:
     """The rank whose process each OOM killer's line killed (event index -> rank), by the pids of the job's NCCL
     set-up lines; a kill of another program's process is made collateral in `roles` (analysis/oom_victims.py)."""
     placed = {}
-    for index, where in victims(records.events).items():
-        if where == ANOTHER_PROGRAM:
+    for index, where in victims(records.events, pids).items():
+        if where == FOREIGN:
             roles[index] = "collateral"
         else:
             placed[index] = int(where)
@@ -188,7 +186,8 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
         roles[index] = "collateral"
     for index in _of_an_earlier_boot(records):
         roles[index] = "collateral"
-    placed = _xid_places(records, roles) | _oom_victim_places(records, roles)
+    pids = job_pids(records.events)  # each rank's (host, pid): whose process an Xid or the OOM killer names
+    placed = _xid_places(records, roles, pids) | _oom_victim_places(records, roles, pids)
     candidates = [
         _Candidate(
             role,

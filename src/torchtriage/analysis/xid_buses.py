@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from torchtriage.sources.log_records import LogEvent
 
 INIT_RULE = "nccl.init_progress_only"
-FOREIGN = "foreign"  # a GPU none of the job's ranks used
+FOREIGN = "foreign"  # not the job's: a GPU none of its ranks used, a process none of its ranks is
 NCCL_PREFIX = re.compile(
     r"^(?P<host>[^\s:]{1,255}):(?P<pid>\d{1,10}):\d{1,10} \[\d{1,4}\]"
 )  # NCCL's host:pid:tid [dev]
@@ -90,12 +90,12 @@ def xid_bus(event: LogEvent) -> int | None:
     return domain << 20 | bus << 12 | device << 4 | int(found.group("fn") or "0", 16)
 
 
-def place(event: LogEvent, gpus: JobGpus, pids: dict[tuple[str, int], int] | None = None) -> int | str | None:
+def place(event: LogEvent, gpus: JobGpus | None, pids: dict[tuple[str, int], int] | None = None) -> int | str | None:
     """The rank whose GPU the Xid names; FOREIGN for a GPU none of the job's ranks used on a node the job's
     every rank is known on; None where the lines cannot say. Where the address places nothing, the Xid's pid
     (the process whose context faulted) places it on the rank whose pid NCCL's lines give (`pids`)."""
     bus = xid_bus(event)
-    if bus is None:
+    if bus is None or gpus is None:
         return by_pid(event, pids or {})
     host = _KERNEL_HOST.search(event.text)
     host = short_host(host.group("host")) if host else None
