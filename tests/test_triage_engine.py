@@ -319,6 +319,35 @@ def test_a_loss_that_went_nan_on_every_rank_names_none_and_on_one_rank_names_it(
     assert (verdict["category"], verdict["culprit_ranks"]) == ("nan_inf", [2])
 
 
+def test_a_set_up_failure_every_rank_meets_alike_names_no_rank_and_one_rank_alone_is_named(tmp_path):
+    # bootstrap.cc / ibvwrap.cc: each rank of a host runs the same set-up with the same interfaces and HCAs, so a
+    # failure every rank the logs show prints is their host's set-up (or the link's), not one rank's.
+    def no_interface(rank):
+        return [
+            f"[rank{rank}]:node7:{1900 + rank}:{1900 + rank} [{rank}] bootstrap.cc:45 NCCL WARN Bootstrap : "
+            "no socket interface found",
+            f"[rank{rank}]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, internal "
+            "error - please report this issue to the NCCL developers, NCCL version 2.21.5",
+        ]
+
+    every = [line for rank in range(4) for line in no_interface(rank)]
+    code, verdict = triage_json(write(tmp_path, "every.log", every))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_transport", [])
+    assert "met it alike" in verdict["summary"]
+    assert not verdict["facts"].get("candidates")  # no rank is a candidate: the set-up is the place
+    # The same line from one rank among healthy peers is that rank's (its host's interfaces differ).
+    healthy = [f"[rank{rank}]: step 1 loss 2.3" for rank in (0, 1, 3)]
+    code, verdict = triage_json(write(tmp_path, "one.log", healthy + no_interface(2)))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_transport", [2])
+    qp = (
+        "[rank{r}]:spark2:{pid}:{pid} [{r}] misc/ibvwrap.cc:309 NCCL WARN Call to ibv_modify_qp failed with 22 "
+        "Invalid argument, on dev mlx5_0:1, curr state INIT, next state RTR, local GID index 3"
+    )
+    lines = [qp.format(r=r, pid=3100 + r) for r in range(4, 8)]
+    code, verdict = triage_json(write(tmp_path, "qp.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_transport", [])
+
+
 def _watchdog_timeout(rank: int, seq: int) -> str:
     return (
         f"[rank{rank}]:[E1203 10:00:0{rank}.000000000 ProcessGroupNCCL.cpp:632] [Rank {rank}] Watchdog caught "

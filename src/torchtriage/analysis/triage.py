@@ -475,12 +475,19 @@ def _compared_ranks(
 
 
 def _spread_to_every_rank(primary: _Candidate, culprits: list[int], records: LogRecords) -> Finding | None:
-    """A non-finite symptom every rank the logs show reports (two or more): the gradient all-reduce spread it, so
-    no rank is where it began (knowledge: nan_inf.every_rank)."""
-    if primary.category != "nan_inf" or primary.role == "primary" or len(culprits) < 2:
+    """A failure every rank the logs show reports (two or more) where that says it is no rank's own: a non-finite
+    symptom the gradient all-reduce spread (knowledge: nan_inf.every_rank), or a set-up failure every rank of a
+    host or link meets alike (rule field `shared_cause`; knowledge: nccl.every_rank_alike)."""
+    shared = primary.event is not None and primary.event.rule.shared_cause
+    spread = primary.category == "nan_inf" and primary.role != "primary"
+    if not (shared or spread) or len(culprits) < 2 or set(culprits) < records.ranks_seen:
         return None
-    if set(culprits) < records.ranks_seen:
-        return None
+    if shared:
+        message = (
+            f"every rank the logs show ({format_ranks(culprits)}) met it alike: it is the set-up their host shares, "
+            "or the link to a peer whose side the logs may not show, not one rank's"
+        )
+        return Finding("nccl.every_rank_alike", culprits, message, "symptom", primary.category, [], {"alike": True})
     message = (
         f"every rank the logs show ({format_ranks(culprits)}) went non-finite: the gradient all-reduce spreads one "
         "rank's NaN or Inf to every replica, so where it began is not in the logs"
@@ -821,7 +828,12 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
     detail = _summary_detail(facts)
     head = f"{primary.title} ({detail})" if detail else primary.title
     lead = next(
-        (f for f in findings if f.kind in _BLAMING_KINDS or f.facts.get(COMPARED) or f.facts.get("undecided")), None
+        (
+            f
+            for f in findings
+            if f.kind in _BLAMING_KINDS or f.facts.get(COMPARED) or f.facts.get("undecided") or f.facts.get("alike")
+        ),
+        None,
     )
     if lead is not None:
         return f"{head}; {lead.message}"

@@ -66,6 +66,7 @@ _OPTIONAL = {
     "raised_in": STRINGS,
     "ends_the_job": BOOLEAN,
     "node_event": BOOLEAN,
+    "shared_cause": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -126,6 +127,10 @@ class Rule:
     # The line is the node's kernel or GPU driver speaking (dmesg: an Xid, the OOM killer), not the job: after its
     # launcher's report that every worker exited 0 it tells the machine's health, not that the job failed.
     node_event: bool = False
+    # The failure is the set-up the ranks of a host share, or a link's (no interface matches NCCL_SOCKET_IFNAME,
+    # an RDMA verbs call refused, peer access the platform does not allow): every rank there meets it alike, so
+    # where every rank the logs show prints it, none of them is named; the rank's host or the link's peer is.
+    shared_cause: bool = False
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -285,6 +290,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         raised_in=tuple(raw.get("raised_in", [])),
         ends_the_job=bool(raw.get("ends_the_job", False)),
         node_event=bool(raw.get("node_event", False)),
+        shared_cause=bool(raw.get("shared_cause", False)),
     )
 
 
