@@ -79,7 +79,7 @@ def test_an_nccl_line_of_a_release_without_the_tag_gets_it_back():
     assert normalise("WARN this is not NCCL").text == "WARN this is not NCCL"
 
 
-# --- The census's rank is normalise's -------------------------------------------------------------------------
+# --- A rank field of a logging format ---------------------------------------------------------------------------
 
 _LAYERS = (
     lambda r: f"[rank{r.randint(0, 99)}]:",
@@ -100,17 +100,30 @@ _LAYERS = (
     lambda r: "\x1b[31m",
     lambda r: " ",
 )
+# Prefixes peeled before any message (a bare host name is peeled only before a rank prefix), and colour
+_PREFIXES = _LAYERS[:7] + (_LAYERS[8], _LAYERS[10], _LAYERS[-2])
 _MESSAGES = ("RuntimeError: boom", "loss: nan", "[titan] step 5", "Watchdog caught", "", "12: x", "[0]:")
 
 
-def test_the_census_rank_is_the_rank_normalise_finds():
-    """`line_rank` reads only the leading prefixes: for any stack of prefixes and headers, the same rank."""
-    import random
+def test_a_rank_field_of_a_logging_format_is_the_lines_rank():
+    # `%(asctime)s - rank %(rank)s - %(levelname)s - %(message)s`: the field right after the date, delimited like
+    # the fields around it, is the rank; a rank after a header with no field delimiter is the message's.
+    line = normalise("2025-11-06 10:14:02,551 - rank 2 - ERROR - Uncaught exception")
+    assert (line.rank, line.text) == (2, "ERROR - Uncaught exception")
+    assert normalise("2025-11-06 10:14:02,551 | rank=12 | ERROR | boom").rank == 12
+    assert normalise("[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] [Rank 3] Watchdog caught x").rank is None
+    assert normalise("[2023-01-01 10:00:00,000] [INFO] [logging.py:96:log_dist] [Rank 0] step=10").rank is None
+    assert normalise("2025-11-06 10:14:02,551 - rank 2 of 8 finished").rank is None
 
-    from torchtriage.sources.lines import line_rank
+
+def test_a_launchers_rank_prefix_outranks_a_logging_formats_rank_field():
+    """For any stack of leading prefixes before a dated line with a rank field: the prefixes' rank if they carry
+    one (the launcher knows which process printed), else the field's."""
+    import random
 
     rng = random.Random(5)
     for _ in range(5000):
-        layers = [rng.choice(_LAYERS)(rng) for _ in range(rng.randint(0, 5))]
-        raw = "".join(layers) + rng.choice(_MESSAGES) + rng.choice(("", "  ", "\r"))
-        assert line_rank(raw) == normalise(raw).rank, raw
+        layers = "".join(rng.choice(_PREFIXES)(rng) for _ in range(rng.randint(0, 4)))
+        dated = "2026-11-30 04:32:11,123 - rank 7 - INFO - " + rng.choice(_MESSAGES)
+        outer = normalise(layers + "RuntimeError: boom").rank
+        assert normalise(layers + dated).rank == (7 if outer is None else outer), layers + dated

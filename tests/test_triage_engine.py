@@ -461,3 +461,14 @@ def test_loss_scale_calibration_before_another_failure_is_not_its_cause(tmp_path
     assert alone["category"] == "nan_inf"
     lines += [f"[rank{r}]:[E1117 09:10:01.0 ProcessGroupNCCL.cpp:689] {WATCHDOG.format(rank=r)}" for r in (0, 1, 2)]
     assert triage_json(write(tmp_path, "then.log", lines))[1]["category"] == "nccl_timeout"
+
+
+def test_a_rank_field_of_the_jobs_own_logging_format_names_the_rank(tmp_path):
+    # `%(asctime)s - rank %(rank)s - %(levelname)s - %(message)s`, a format many training scripts set up.
+    lines = [
+        "2025-11-06 10:12:00,114 - rank 0 - INFO - step 2200 loss 1.9821",
+        f"2025-11-06 10:14:02,551 - rank 2 - ERROR - {OOM}",
+        "2025-11-06 10:24:03,002 - rank 0 - ERROR - collective timed out",
+    ]
+    code, verdict = triage_json(write(tmp_path, "job.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])

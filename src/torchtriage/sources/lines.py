@@ -69,6 +69,11 @@ _ISO = re.compile(
     r"\[?(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?))"
     r"(?:Z|[+-]\d\d:?\d\d)?\]?(?:\s*[-|:]\s*|\s+)"
 )
+# A rank as a field of a Python logging format, right after its date and delimited like the fields around it
+# (`%(asctime)s - rank %(rank)s - %(levelname)s - %(message)s`: "2025-11-06 10:14:02,551 - rank 2 - ERROR - ...",
+# "... | rank=2 | ERROR | ..."). Without the delimiter after it, a rank behind a header is the message's ("[Rank 3]
+# Watchdog caught ...", DeepSpeed's "[Rank 0] step=10").
+_LOGGER_RANK = re.compile(rf"\[?(?:rank|RANK|Rank)[ =:]?{_RANK_DIGITS}\]?\s{{1,4}}[-|]\s")
 _MAX_LAYERS = 6
 
 
@@ -139,19 +144,6 @@ def _host_end(text: str) -> int:
     return host.end() if host is not None else 0
 
 
-def line_rank(raw: str) -> int | None:
-    """The rank `normalise(raw)` finds, for a census: only the leading rank and host prefixes are read (a rank
-    behind a log header belongs to the message), so a line costs a fraction of its normalisation."""
-    text, rank, rank_is_local = strip_ansi(raw).rstrip(), None, False
-    for _ in range(_MAX_LAYERS):
-        text, rank, rank_is_local, peeled = _peel_rank(text, rank, rank_is_local)
-        if not peeled and rank is None and (host := _host_end(text)):
-            text = text[host:]
-        elif not peeled:
-            break
-    return rank
-
-
 def normalise(raw: str) -> Normalised:
     """Remove colour codes and peel rank prefixes and log headers off one line."""
     text = strip_ansi(raw).rstrip()
@@ -176,6 +168,10 @@ def normalise(raw: str) -> Normalised:
                 severity = match.groupdict().get("sev")
                 text = text[match.end() :]
                 peeled = after_header = True
+                field = _LOGGER_RANK.match(text) if rank is None and "sev" not in match.groupdict() else None
+                number = as_int(field.group("rank"), -1, 0, limits.active().rank) if field else -1
+                if number >= 0:
+                    rank, text = number, text[field.end() :]
         if not peeled and severity is None:
             short = _GLOG_SHORT.match(text)
             if short:
