@@ -472,3 +472,29 @@ def test_a_rank_field_of_the_jobs_own_logging_format_names_the_rank(tmp_path):
     ]
     code, verdict = triage_json(write(tmp_path, "job.log", lines))
     assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [2])
+
+
+LOOPBACK = (
+    "[W ProcessGroupGloo.cpp:721] Warning: Unable to resolve hostname to a (local) address. Using the loopback "
+    "address as fallback. Manually set the network interface to bind to with GLOO_SOCKET_IFNAME. (function operator())"
+)
+FULL_MESH = (
+    "RuntimeError: Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+)
+
+
+def test_the_rank_that_advertised_its_loopback_address_is_the_one_its_peers_could_not_connect_to(tmp_path):
+    # ProcessGroupGloo.cpp createDefaultDevice: a rank whose host name resolves to nothing usable listens on
+    # loopback and advertises it; its peers on other hosts cannot connect, and they report connectFullMesh.
+    lines = [f"[rank9]:{LOOPBACK}", f"[rank8]:{LOOPBACK}", f"[rank0]:{FULL_MESH}", f"[rank1]:{FULL_MESH}"]
+    code, verdict = triage_json(write(tmp_path, "mesh.log", lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("rendezvous", [8, 9])
+    assert verdict["confidence"] != "high"  # read from a warning, not from the failure itself
+    # Without the warning, every rank seen fails alike: no rank is named (logs.every_rank_alike).
+    code, verdict = triage_json(write(tmp_path, "alike.log", lines[2:]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("rendezvous", [])
+    # On its own (one host, where loopback works) the warning changes nothing.
+    steps = ["[rank0]: step 1 loss 2.0", "[rank0]: step 2 loss 1.9"]
+    code, alone = triage_json(write(tmp_path, "warned.log", [f"[rank0]:{LOOPBACK}", *steps]))
+    code, plain = triage_json(write(tmp_path, "plain.log", steps))
+    assert (alone["category"], alone["confidence"]) == (plain["category"], plain["confidence"])

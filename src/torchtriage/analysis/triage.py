@@ -477,7 +477,7 @@ def _compared_ranks(
 def _spread_to_every_rank(primary: _Candidate, culprits: list[int], records: LogRecords) -> Finding | None:
     """A failure every rank the logs show reports (two or more) where that says it is no rank's own: a non-finite
     symptom the gradient all-reduce spread (knowledge: nan_inf.every_rank), or a set-up failure every rank of a
-    host or link meets alike (rule field `shared_cause`; knowledge: nccl.every_rank_alike)."""
+    host or link meets alike (rule field `shared_cause`; knowledge: logs.every_rank_alike)."""
     shared = primary.event is not None and primary.event.rule.shared_cause
     spread = primary.category == "nan_inf" and primary.role != "primary"
     if not (shared or spread) or len(culprits) < 2 or set(culprits) < records.ranks_seen:
@@ -487,12 +487,28 @@ def _spread_to_every_rank(primary: _Candidate, culprits: list[int], records: Log
             f"every rank the logs show ({format_ranks(culprits)}) met it alike: it is the set-up their host shares, "
             "or the link to a peer whose side the logs may not show, not one rank's"
         )
-        return Finding("nccl.every_rank_alike", culprits, message, "symptom", primary.category, [], {"alike": True})
+        return Finding("logs.every_rank_alike", culprits, message, "symptom", primary.category, [], {"alike": True})
     message = (
         f"every rank the logs show ({format_ranks(culprits)}) went non-finite: the gradient all-reduce spreads one "
         "rank's NaN or Inf to every replica, so where it began is not in the logs"
     )
     return Finding("nan_inf.every_rank", culprits, message, "symptom", "nan_inf", [], {"undecided": True})
+
+
+def _causing(primary: _Candidate, candidates: list[_Candidate]) -> list[_Candidate]:
+    """The lines whose printers say they cause the verdict's failure in their peers (knowledge: `culprit_of`): a
+    rank that warned it advertises its loopback address, where its peers could not connect."""
+    if primary.event is None:
+        return []
+    return [c for c in candidates if c.event is not None and primary.event.rule.id in c.event.rule.culprit_of]
+
+
+def _printers_that_caused(primary: _Candidate, candidates: list[_Candidate]) -> list[int]:
+    return _rank_list({c.rank for c in _causing(primary, candidates)})
+
+
+def _causing_kinds(primary: _Candidate, candidates: list[_Candidate]) -> set[str]:
+    return {c.kind for c in _causing(primary, candidates)}
 
 
 def _printer_waits(candidate: _Candidate) -> bool:
@@ -683,8 +699,11 @@ def _assess_logs(records: LogRecords) -> Assessment:
     if compared is not None:
         culprits = compared
 
-    spread = _spread_to_every_rank(primary, culprits, records)
-    if spread is not None:
+    causing = _printers_that_caused(primary, candidates)
+    spread = None if causing else _spread_to_every_rank(primary, culprits, records)
+    if causing:
+        culprits = causing
+    elif spread is not None:
         culprits = []
         findings.insert(findings.index(lead) + 1, spread)
 
@@ -724,6 +743,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
     elif culprits != named:
         named_by = None
     blaming = next((f for f in findings if f.kind in _BLAMING_KINDS and f.ranks == culprits and culprits), None)
+    if causing:
+        blaming = next((f for f in findings if f.kind in _causing_kinds(primary, candidates)), None)
     if blaming is None and culprits and lead.role == "primary" and lead.ranks == culprits:
         blaming = lead
     if blaming is None and named_by is not None:

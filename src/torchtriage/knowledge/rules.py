@@ -67,6 +67,7 @@ _OPTIONAL = {
     "ends_the_job": BOOLEAN,
     "node_event": BOOLEAN,
     "shared_cause": BOOLEAN,
+    "culprit_of": STRINGS,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -131,6 +132,10 @@ class Rule:
     # an RDMA verbs call refused, peer access the platform does not allow): every rank there meets it alike, so
     # where every rank the logs show prints it, none of them is named; the rank's host or the link's peer is.
     shared_cause: bool = False
+    # Rule ids of failures that this line's printer causes in its peers: where one of them is the verdict's
+    # failure, the ranks that printed this line are its culprits (a rank that warned it advertises its loopback
+    # address is the rank its peers cannot connect to).
+    culprit_of: tuple[str, ...] = ()
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -291,6 +296,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         ends_the_job=bool(raw.get("ends_the_job", False)),
         node_event=bool(raw.get("node_event", False)),
         shared_cause=bool(raw.get("shared_cause", False)),
+        culprit_of=tuple(raw.get("culprit_of", [])),
     )
 
 
