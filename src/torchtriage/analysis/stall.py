@@ -17,7 +17,6 @@ import math
 import statistics
 from dataclasses import dataclass
 
-from torchtriage.analysis.log_head import starts_mid_message
 from torchtriage.analysis.positions import describe, position_of
 from torchtriage.analysis.stacks import analyze_positions, assess_stacks
 from torchtriage.knowledge.stall import StallKnowledge, stall_knowledge
@@ -88,7 +87,7 @@ def read_tail(tail: LogTail, known: StallKnowledge) -> TailReading:
     failures = [
         item for item in window if item[0] not in framed and item[0] not in reports and known.shows_failure(item[1])
     ]
-    cut_at_start = starts_mid_message(tail)
+    cut_at_start = tail.cut_at_start
     worlds = [w for w in map(known.world_size_in, (text for _, text, _ in lines)) if w]
     diverged = _loss_diverged(lines, known)
     return TailReading(

@@ -29,7 +29,6 @@ from torchtriage.analysis.stall import (
     LOG_STOPS,
     assess_stall,
     every_rank_seen,
-    starts_mid_message,
     what_was_seen,
 )
 from torchtriage.analysis.xid_buses import FOREIGN, job_gpus, job_pids, place
@@ -771,7 +770,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
 
     facts["ranks_seen"] = sorted(records.ranks_seen)
     facts["order_basis"] = order_basis
-    cut = [t.file for t in records.tails if starts_mid_message(t)]
+    cut = [t.file for t in records.tails if t.cut_at_start]
     if cut:
         facts["cut_at_start"] = True
         records.problems.append(

@@ -28,6 +28,7 @@ from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
 from torchtriage.sources.lines import normalise
+from torchtriage.sources.log_head import starts_mid_message
 from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, Wrapping, rejoined, scan_lines
 from torchtriage.sources.registry import STDIN, Input, open_input
 
@@ -96,6 +97,9 @@ class LogTail:
     first_line: int
     data: bytes
     wrapping: Wrapping | None = None  # how the log was hard-wrapped, if it was
+    # The log is all here and begins inside a message (sources/log_head.py): what came before, perhaps the first
+    # failure, is not in it. Read where the log is read (on every core for a folder of thousands).
+    cut_at_start: bool = False
     _normalised: list | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -600,6 +604,7 @@ def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_in
         reader.close()
         stream.close()
     log_tail = LogTail(artifact.display, reader.named.of_unprefixed(), tail.first_line, tail.data, tail.wrapping)
+    log_tail.cut_at_start = starts_mid_message(log_tail)
     cut = _cut_record(log_tail)
     if cut is not None:
         records.problems.append(f"{artifact.display}: {cut}")
@@ -653,7 +658,7 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.ranks_seen,
         records.files_read,
         records.problems,
-        [(tail.file, tail.rank, tail.first_line, tail.data, tail.wrapping) for tail in records.tails],
+        [(t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start) for t in records.tails],
         records.launches_finished,
         records.boots,
     )

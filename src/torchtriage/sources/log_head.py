@@ -23,8 +23,13 @@ from __future__ import annotations
 
 import codecs
 import re
+from typing import TYPE_CHECKING
 
-from torchtriage.sources.log_records import MAX_LINE_CHARS, LogTail, normalise
+from torchtriage.sources.lines import normalise
+from torchtriage.sources.logs import MAX_LINE_CHARS
+
+if TYPE_CHECKING:
+    from torchtriage.sources.log_records import LogTail
 
 # How much of a log is decoded at a time while looking for its first line that carries something.
 _HEAD_BYTES = 4096
