@@ -77,6 +77,36 @@ def test_the_one_rank_below_the_highest_that_never_timed_out_is_the_culprit_at_m
         assert verdict["facts"].get("candidates") == candidates
 
 
+def test_a_rank_torchruns_report_shows_only_as_closed_by_sigterm_is_the_silent_one(tmp_path):
+    # torchrun's agent sends SIGTERM to the workers still running once one failed ("Sending process P closing
+    # signal SIGTERM"), and its report lists them with exitcode -15: a rank known only so was alive, and timed out
+    # on nothing, while its peers timed out in the collective (torch/distributed/elastic/multiprocessing/api.py).
+    header = "[E1130 10:20:00.0 ProcessGroupNCCL.cpp:689] "
+    timeouts = [f"[rank{r}]:{header}" + WATCHDOG.format(rank=r) for r in (0, 2, 3)]
+
+    def entry(rank, code):
+        signal = ["  traceback : Signal 15 (SIGTERM) received by PID 801"] if code == -15 else []
+        return [
+            f"[{rank}]:",
+            "  time      : 2025-09-10_10:30:01",
+            "  host      : gpu-u01",
+            f"  rank      : {rank} (local_rank: {rank})",
+            f"  exitcode  : {code} (pid: {800 + rank})",
+            *signal,
+        ]
+
+    report = ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ", "=" * 60, "train.py FAILED"]
+    report += ["-" * 60, "Failures:", *entry(2, 1), *entry(1, -15), "-" * 60]
+    report += ["Root Cause (first observed failure):", *entry(0, 1), "=" * 60]
+    verdict = triage_json(write(tmp_path, "job.log", timeouts + report))[1]
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([1], "medium"), verdict["summary"]
+    assert "running when the agent closed the workers" in verdict["summary"]
+    # The same rank with a failure line of its own is no silent rank.
+    oom = f"[rank1]:[E1130 10:20:09.0 train.py:88] {OOM}"
+    verdict = triage_json(write(tmp_path, "job.log", timeouts + [oom] + report))[1]
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [1])
+
+
 def test_the_one_rank_that_failed_on_its_own_while_the_others_timed_out_leads(tmp_path):
     # aten/src/ATen/cuda/Exceptions.h TORCH_CUDABLAS_CHECK: rank 4's GEMM failed, so it never reached the all-reduce
     # its seven peers then timed out in. The timeouts carry timestamps and a higher priority; its error leads.

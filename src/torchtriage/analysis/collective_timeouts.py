@@ -18,6 +18,7 @@ survivors were says nothing of who left (`silent_ranks`).
 
 from __future__ import annotations
 
+import signal
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
@@ -312,7 +313,8 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     timed_out = {e.rank for e in records.events if e.rule.category == "nccl_timeout"}
     if len(waiting_ranks) < 2 or not waiting_ranks <= seen & timed_out:
         return [], [], {}  # only ranks that said they timed out (a report of a mismatch, or an excerpt, says less)
-    silent = sorted(set(range(max(seen) + 1)) - seen)
+    closed = _closed_while_running(records)
+    silent = sorted(set(range(max(seen) + 1)) - (seen - closed))
     if not silent or len(silent) > SILENT_LISTED_MAX:
         return [], [], {}
     one = len(silent) == 1
@@ -321,7 +323,17 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         f"waiting in the collective: {'it' if one else 'one of them'} never reached it (a rank that never enqueues a "
         "collective has nothing to time out on), or its output is not in these logs"
     )
+    if set(silent) <= closed:
+        message += f"; torchrun's report shows {'it' if one else 'them'} running when the agent closed the workers"
     return _silent_verdict(silent, message)
+
+
+def _closed_while_running(records: LogRecords) -> set[int]:
+    """The ranks torchrun's report shows only as ended by SIGTERM, with no line of their own that a rule reads:
+    the agent sends it to the workers still running once one has failed (`Sending process P closing signal
+    SIGTERM`), so such a rank was alive, and printed no timeout, when its peers had timed out."""
+    terminated = {f.rank for f in records.child_failures if f.exit_code == -signal.SIGTERM and f.rank is not None}
+    return terminated - {e.rank for e in records.events}
 
 
 def absent_from_a_subgroup(events: list[LogEvent]) -> tuple[list[int], list[Finding], dict]:
