@@ -77,6 +77,25 @@ def test_the_one_rank_below_the_highest_that_never_timed_out_is_the_culprit_at_m
         assert verdict["facts"].get("candidates") == candidates
 
 
+def test_a_rank_whose_watchdog_timed_out_in_an_earlier_collective_than_the_majority_is_behind(tmp_path):
+    # Without status lines (torch < 2.2 prints no counters) each rank's watchdog still names the oldest collective
+    # it enqueued that never completed: the majority completed seq 2200 and waits in 2201 for rank 3, still in 2200.
+    def timed_out(rank, seq):
+        return (
+            f"[rank{rank}]:[E0120 03:10:0{rank}.1 ProcessGroupNCCL.cpp:475] [Rank {rank}] Watchdog caught collective "
+            f"operation timeout: WorkNCCL(SeqNum={seq}, OpType=ALLREDUCE, Timeout(ms)=1800000) ran for 1806432 "
+            "milliseconds before timing out."
+        )
+
+    lines = [timed_out(r, 2200 if r == 3 else 2201) for r in range(4)]
+    verdict = triage_json(write(tmp_path, "job.log", lines))[1]
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([3], "medium"), verdict["summary"]
+    # Ahead of the majority names nobody (it only queued more behind the op it waits in); two against two is even.
+    for seqs in ({0: 2201, 1: 2201, 2: 2201, 3: 2202}, {0: 2200, 1: 2200, 2: 2201, 3: 2201}):
+        verdict = triage_json(write(tmp_path, "job.log", [timed_out(r, s) for r, s in seqs.items()]))[1]
+        assert verdict["culprit_ranks"] == [], (seqs, verdict["summary"])
+
+
 def test_a_rank_torchruns_report_shows_only_as_closed_by_sigterm_is_the_silent_one(tmp_path):
     # torchrun's agent sends SIGTERM to the workers still running once one failed ("Sending process P closing
     # signal SIGTERM"), and its report lists them with exitcode -15: a rank known only so was alive, and timed out

@@ -29,6 +29,9 @@ from torchtriage.ranks import format_ranks
 from torchtriage.sources.log_records import LogEvent, LogRecords, PyTraceback
 
 _MAX_EVIDENCE = 4
+# The fact of a culprit read from the seqs the ranks' watchdogs timed out at, no counters beside them: never above
+# medium (lines before torch 2.2 name no group, so two groups' seqs may be compared as one's).
+SEQS_ONLY = "timeout_seqs_only"
 TIMEOUT_KINDS = (
     "logs.op_mismatch",
     "logs.size_mismatch",
@@ -162,6 +165,38 @@ def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Fin
     )
 
 
+def behind_in_timeouts(events: list[LogEvent]) -> tuple[list[int], Finding | None]:
+    """Reading 2 from the timeout lines alone: each rank's watchdog reports the oldest collective of its group that
+    it enqueued and that never completed. Where most ranks of a group wait in seq M and the others time out at an
+    earlier one, those are behind: the majority completed what they still wait in, and wait in M for them. Ranks
+    ahead of the majority name nobody (they queued more behind the one they wait in). A send's or recv's seq counts
+    its rank's own p2p ops, which differ by rank (a pipeline's first and last stages have one neighbour): no p2p
+    op is compared."""
+    waits: dict[str, dict[int, LogEvent]] = defaultdict(dict)
+    for event in events:
+        if event.rank is None or "timeout_ms" not in event.facts or _int(event.facts.get("seq")) is None:
+            continue
+        if str(event.facts.get("op", "")).upper() not in _P2P_OP_TYPES:
+            waits[_group_named(event.facts)].setdefault(event.rank, event)
+    for group, per_rank in sorted(waits.items()):
+        seqs = {rank: int(event.facts["seq"]) for rank, event in per_rank.items()}
+        (majority, count), *_ = Counter(seqs.values()).most_common()
+        behind = sorted(rank for rank, seq in seqs.items() if seq < majority)
+        if len(seqs) < 3 or count <= len(seqs) / 2 or not behind:
+            continue
+        where = f" of {group}" if group else ""
+        earlier = ", ".join(sorted({str(seqs[r]) for r in behind}))
+        one = len(behind) == 1
+        message = (
+            f"{format_ranks(behind)} timed out in an earlier collective{where} (seq {earlier}) than the majority, "
+            f"which waits in seq {majority}: {'it is' if one else 'they are'} behind, and the others wait for "
+            f"{'it' if one else 'them'}"
+        )
+        evidence = _evidence_of([per_rank[r] for r in behind])
+        return behind, Finding("logs.lagging_rank", behind, message, "primary", "hang", evidence, {SEQS_ONLY: True})
+    return [], None
+
+
 def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
     """Reading 1: ranks that timed out in the same collective but report a different op or size.
 
@@ -287,6 +322,12 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         if culprits:
             if group:
                 facts["counters_group"] = group
+            return culprits, findings, facts
+    if not facts:  # no rank printed its counters (torch < 2.2): the seqs its watchdog timed out at still compare
+        culprits, finding = behind_in_timeouts(records.events)
+        if finding is not None:
+            findings.append(finding)
+        if culprits:
             return culprits, findings, facts
     culprits, finding, traceback_facts = traceback_outliers(records, waiting_ranks)
     facts.update(traceback_facts)

@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascades
-from torchtriage.analysis.collective_timeouts import TIMEOUT_KINDS, collective_culprits, silent_ranks
+from torchtriage.analysis.collective_timeouts import SEQS_ONLY, TIMEOUT_KINDS, collective_culprits, silent_ranks
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
 from torchtriage.analysis.finished_run import Failure, finished_despite, survived_warnings
@@ -800,6 +800,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
         confidence = "medium" if primary.role == "primary" and placed else "low"
     if confidence == "high" and any(f.facts.get(IMPLIED) and f.ranks == culprits for f in findings):
         confidence = "medium"  # the culprit rests on what a check's rank order implies of ranks that printed nothing
+    if confidence == "high" and blaming is not None and blaming.facts.get(SEQS_ONLY):
+        confidence = "medium"  # seqs alone, without counters: collectives of groups the lines do not name may mix
     return Assessment(
         source="logs",
         findings=findings,
