@@ -109,3 +109,19 @@ def test_the_kernels_lines_appended_after_the_jobs_are_not_its_aftermath_by_thei
     lines = [*map(init, range(8)), *TIMEOUTS, xid31("9a", 50124)]
     verdict = verdict_of(tmp_path, lines)
     assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [4]), verdict["summary"]
+
+
+def test_an_xid_whose_node_is_not_said_is_the_one_of_the_ranks_on_its_bus_whose_gpu_failed_under_it(tmp_path):
+    # Bus ab000 is rank 5's GPU on gpu-a and rank 13's on gpu-b; only rank 13's own lines report a CUDA error (a GPU
+    # that fell off the bus fails the kernels of the process using it), so the Xid is rank 13's. The culprit's
+    # machine is read from NCCL's prefix on its set-up line.
+    nodes = [init(r, world=16, host="gpu-a" if r < 8 else "gpu-b") for r in range(16)]
+    launch = "[rank13]:RuntimeError: CUDA error: unspecified launch failure"
+    remote = "[rank5]:ncclRemoteError: A call failed possibly due to a network error or a remote process exiting."
+    verdict = verdict_of(tmp_path, [*nodes, remote, launch, "== gpu-b dmesg ==", xid("ab")])
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [13]), verdict["summary"]
+    (machine,) = verdict["culprit_machines"]
+    assert (machine["host"], machine["pid"], machine["sources"]) == ("gpu-b", 50120 + 13, ["nccl"])
+    # Both ranks on that bus failed on their own: the Xid is placed on neither, each names its own failure.
+    both = "[rank5]:RuntimeError: CUDA error: unspecified launch failure"
+    assert verdict_of(tmp_path, [*nodes, both, launch, xid("ab")])["culprit_ranks"] == [5, 13]

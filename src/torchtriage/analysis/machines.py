@@ -11,7 +11,9 @@ Each of these sources places a rank, each trusted for what it saw itself:
   each rank's worker registered its URL under;
 - a stack dump's header (py-spy's `Process 4242: ...`): the pid of the process dumped;
 - torchrun's failure report in a log (`host : node-07`, `exitcode : 1 (pid: 4242)` under each failed rank,
-  the verdict's fact `launcher_processes`): where the launcher saw each failed child run.
+  the verdict's fact `launcher_processes`): where the launcher saw each failed child run;
+- NCCL's set-up lines in a log (`node-07:4242:4301 [3] NCCL INFO comm 0x... rank 11 nranks 16 ... Init
+  COMPLETE`, the verdict's fact `nccl_processes`, for its culprits): where each rank set its communicator up.
 
 What one says first is kept and the others fill what it left unknown; each machine names the sources that
 told. A culprit no source placed keeps a Machine with nothing known, which every renderer says as such.
@@ -63,10 +65,19 @@ def from_stacks(stacks: Mapping[int, Any] | None) -> dict[int, Machine]:
     return found
 
 
-def from_launcher_report(facts: Mapping[str, Any]) -> dict[int, Machine]:
-    """Rank -> host and pid, from torchrun's failure report as the log analysis read it (`launcher_processes`)."""
+# The log analysis's facts that place ranks, and the source each names: torchrun's failure report, and NCCL's set-up
+# lines (`host:pid:tid [dev] NCCL INFO comm ... rank R nranks N ... Init COMPLETE`, for the culprits).
+_PLACING_FACTS = (("launcher_processes", "launcher"), ("nccl_processes", "nccl"))
+
+
+def from_log_facts(facts: Mapping[str, Any]) -> dict[int, Machine]:
+    """Rank -> host and pid, from what the log analysis read: torchrun's report first, then NCCL's lines."""
+    return merge(*(_placed_by(facts, key, source) for key, source in _PLACING_FACTS))
+
+
+def _placed_by(facts: Mapping[str, Any], key: str, source: str) -> dict[int, Machine]:
     found = {}
-    processes = facts.get("launcher_processes")
+    processes = facts.get(key)
     for rank, process in processes.items() if isinstance(processes, Mapping) else ():
         host, pid = process.get("host"), process.get("pid")
         if (
@@ -77,7 +88,7 @@ def from_launcher_report(facts: Mapping[str, Any]) -> dict[int, Machine]:
         ):
             found[int(rank)] = Machine(
                 int(rank), host=host if isinstance(host, str) and host else None,
-                pid=pid if isinstance(pid, int) and pid > 0 else None, sources=("launcher",),
+                pid=pid if isinstance(pid, int) and pid > 0 else None, sources=(source,),
             )  # fmt: skip
     return found
 
@@ -122,7 +133,7 @@ def attach_machines(
     launcher's report its logs hold (the verdict's facts, and `facts`: those of the assessments it was fused
     from, whose facts fusion may not carry)."""
     problems: list[str] = []
-    reports = [from_launcher_report(f) for f in (verdict.facts, *facts)]
+    reports = [from_log_facts(f) for f in (verdict.facts, *facts)]
     machines = merge(machines_of(inputs, stacks, problems), *reports)
     verdict.culprit_machines = culprit_machines(verdict.culprit_ranks, machines)
     verdict.problems.extend(problems)

@@ -140,8 +140,9 @@ def _xid_places(records: LogRecords, roles: list[str], pids: dict[tuple[str, int
     if gpus is None and not pids:
         return placed
     faults = [(i, e) for i, e in enumerate(records.events) if e.rule.category == "gpu_fault"]
+    erring = frozenset(e.rank for _, e in faults if e.rank is not None)  # ranks whose own lines report a GPU error
     # One line can reach several rules; the address one of them read places the line.
-    by_line = {(e.file, e.line): where for _, e in faults if (where := place(e, gpus, pids)) is not None}
+    by_line = {(e.file, e.line): where for _, e in faults if (where := place(e, gpus, pids, erring)) is not None}
     for index, event in faults:
         where = by_line.get((event.file, event.line))
         if where == FOREIGN:
@@ -535,6 +536,18 @@ def _the_reports_one_exception(primary: _Candidate, candidates: list[_Candidate]
     return [entries[0].rank]
 
 
+def _nccl_processes(records: LogRecords, culprits: list[int]) -> dict[str, dict]:
+    """Where NCCL's set-up lines say each culprit rank ran (its `host:pid:tid` prefix): the culprit's machine."""
+    wanted = set(culprits)
+    if not wanted:
+        return {}
+    return {
+        str(rank): {"host": host, "pid": pid}
+        for (host, pid), rank in job_pids(records.events).items()
+        if rank in wanted
+    }
+
+
 def _child_failure_facts(failures: list[ChildFailure]) -> dict:
     exits = {}
     for failure in failures:
@@ -752,6 +765,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
             blaming.ranks = culprits
     if blaming is not None:
         blaming.blames = True
+    if processes := _nccl_processes(records, culprits):
+        facts["nccl_processes"] = processes
     tb, frame = _user_frame(records, culprits, primary)
     if frame is not None:
         facts["user_frame"] = _frame_fact(tb, frame)

@@ -90,17 +90,29 @@ def xid_bus(event: LogEvent) -> int | None:
     return domain << 20 | bus << 12 | device << 4 | int(found.group("fn") or "0", 16)
 
 
-def place(event: LogEvent, gpus: JobGpus | None, pids: dict[tuple[str, int], int] | None = None) -> int | str | None:
+def place(
+    event: LogEvent,
+    gpus: JobGpus | None,
+    pids: dict[tuple[str, int], int] | None = None,
+    erring: frozenset[int] = frozenset(),
+) -> int | str | None:
     """The rank whose GPU the Xid names; FOREIGN for a GPU none of the job's ranks used on a node the job's
     every rank is known on; None where the lines cannot say. Where the address places nothing, the Xid's pid
-    (the process whose context faulted) places it on the rank whose pid NCCL's lines give (`pids`)."""
+    (the process whose context faulted) places it on the rank whose pid NCCL's lines give (`pids`). Where the
+    Xid's node is not said and its bus is a GPU of ranks on several nodes, the one of them among the ranks whose
+    own lines report a CUDA error (`erring`) is its: a GPU's fault is raised in the processes that use it."""
     bus = xid_bus(event)
     if bus is None or gpus is None:
         return by_pid(event, pids or {})
     host = _KERNEL_HOST.search(event.text)
     host = short_host(host.group("host")) if host else None
     if host is None and len(gpus.hosts) > 1:
-        return by_pid(event, pids or {})  # which node's kernel printed it is not said: its pid may say whose it is
+        # Which node's kernel printed it is not said: its pid may say whose it is, or the one rank on that bus
+        # whose GPU failed under it.
+        if (rank := by_pid(event, pids or {})) is not None:
+            return rank
+        users = {r for (_, b), r in gpus.by_gpu.items() if b == bus} & erring
+        return users.pop() if len(users) == 1 else None
     ranks = [r for (h, b), r in gpus.by_gpu.items() if b == bus and (host is None or h is None or h == host)]
     if len(ranks) == 1:
         return ranks[0]
