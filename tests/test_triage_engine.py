@@ -547,3 +547,19 @@ def test_the_rank_that_advertised_its_loopback_address_is_the_one_its_peers_coul
     code, alone = triage_json(write(tmp_path, "warned.log", [f"[rank0]:{LOOPBACK}", *steps]))
     code, plain = triage_json(write(tmp_path, "plain.log", steps))
     assert (alone["category"], alone["confidence"]) == (plain["category"], plain["confidence"])
+
+
+def test_ranks_that_wait_for_the_default_groups_nccl_id_name_rank_0_and_a_subgroups_names_nobody(tmp_path):
+    # ProcessGroupNCCL.cpp broadcastUniqueNCCLID: the group's rank 0 publishes the id under its store prefix, and
+    # TCPStore's "wait timeout after %dms, keys: %s" gives the whole key: "default_pg/0/" is the default group's.
+    def waiting(rank, group="0"):
+        return (
+            f"[rank{rank}]: torch.distributed.DistBackendError: [{rank}] is setting up NCCL communicator and "
+            f"retrieving ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: "
+            f"wait timeout after 600000ms, keys: /default_pg/{group}//cuda//0"
+        )
+
+    verdict = triage_json(write(tmp_path, "job.log", [waiting(r) for r in (1, 2, 3)]))[1]
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("rendezvous", [0]), verdict["summary"]
+    verdict = triage_json(write(tmp_path, "job.log", [waiting(r, group="2") for r in (1, 2, 3)]))[1]
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("rendezvous", []), verdict["summary"]
