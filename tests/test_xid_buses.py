@@ -125,3 +125,21 @@ def test_an_xid_whose_node_is_not_said_is_the_one_of_the_ranks_on_its_bus_whose_
     # Both ranks on that bus failed on their own: the Xid is placed on neither, each names its own failure.
     both = "[rank5]:RuntimeError: CUDA error: unspecified launch failure"
     assert verdict_of(tmp_path, [*nodes, both, launch, xid("ab")])["culprit_ranks"] == [5, 13]
+
+
+def test_an_xid_with_no_set_up_lines_is_placed_by_the_pid_torchruns_report_gives_a_rank(tmp_path):
+    # No NCCL line says where a rank ran; torchrun's report does ("rank : 4", "exitcode : -6 (pid: 50124)"), and the
+    # driver names the process whose context faulted: the Xid is rank 4's, not the victims' timeouts.
+    report = [
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2025-11-06_10:24:11",
+        "  host      : gpu-node-17",
+        "  rank      : 4 (local_rank: 4)",
+        "  exitcode  : -6 (pid: 50124)",
+    ]
+    timeouts = [line for line in TIMEOUTS if not line.startswith("[rank4]")]
+    verdict = verdict_of(tmp_path, [*timeouts, *report, xid31("9a", 50124)])
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [4]), verdict["summary"]
+    # Another process's pid places nothing: the Xid names no rank, and the victims are not named for it.
+    assert verdict_of(tmp_path, [*timeouts, *report, xid31("9a", 4242)])["culprit_ranks"] == []

@@ -186,7 +186,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
         roles[index] = "collateral"
     for index in _of_an_earlier_boot(records):
         roles[index] = "collateral"
-    pids = job_pids(records.events)  # each rank's (host, pid): whose process an Xid or the OOM killer names
+    pids = job_pids(records.events, records.child_failures)  # each rank's (host, pid): whose process an Xid names
     placed = _xid_places(records, roles, pids) | _oom_victim_places(records, roles, pids)
     candidates = [
         _Candidate(

@@ -12,7 +12,8 @@ global one), they say:
 
 A host on the Xid line (syslog's `host kernel:`) must be the NCCL line's (`host:pid:tid [dev]`); where the
 Xid line has none, its GPU is placed only when one node's ranks could hold it. Where the address cannot place
-it, the pid the driver names (the process whose GPU context faulted) can: the rank whose pid NCCL's prefix gives.
+it, the pid the driver names (the process whose GPU context faulted) can: the rank whose pid NCCL's prefix or
+torchrun's failure report gives.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from torchtriage.sources.log_records import LogEvent
+from torchtriage.sources.log_records import ChildFailure, LogEvent
 
 INIT_RULE = "nccl.init_progress_only"
 FOREIGN = "foreign"  # not the job's: a GPU none of its ranks used, a process none of its ranks is
@@ -67,13 +68,18 @@ def job_gpus(events: Sequence[LogEvent]) -> JobGpus | None:
     return JobGpus(world, by_gpu) if by_gpu else None
 
 
-def job_pids(events: Sequence[LogEvent]) -> dict[tuple[str, int], int]:
-    """Each rank's (host, pid), from the world communicator's set-up lines (NCCL's `host:pid:tid [dev]` prefix)."""
+def job_pids(events: Sequence[LogEvent], failures: Sequence[ChildFailure] = ()) -> dict[tuple[str, int], int]:
+    """Each rank's (host, pid), from the world communicator's set-up lines (NCCL's `host:pid:tid [dev]` prefix)
+    and torchrun's failure report (`host : node-07`, `rank : 6 (local_rank: 2)`, `exitcode : -6 (pid: 4242)`)."""
+    pids = {
+        (short_host(f.host) if f.host else "", f.pid): f.rank
+        for f in failures
+        if f.rank is not None and f.pid is not None
+    }
     inits = [e for e in events if e.rule.id == INIT_RULE and "world_size" in e.facts]
     if not inits:
-        return {}
+        return pids
     world = max(int(e.facts["world_size"]) for e in inits)
-    pids = {}
     for event in inits:
         prefix = NCCL_PREFIX.match(event.text)
         if prefix and int(event.facts["world_size"]) == world and event.facts.get("rank", "").isdigit():
@@ -130,7 +136,7 @@ def by_pid(event: LogEvent, pids: dict[tuple[str, int], int]) -> int | None:
         return None
     host = _HOST_BEFORE_KERNEL.search(event.text)
     host = short_host(host.group("host")) if host else None
-    ranks = {r for (h, p), r in pids.items() if p == int(pid) and (host is None or h == host)}
+    ranks = {r for (h, p), r in pids.items() if p == int(pid) and (host is None or h in (host, ""))}
     return ranks.pop() if len(ranks) == 1 else None
 
 
