@@ -1,4 +1,5 @@
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,12 @@ def _no_leftover_processes():
     adopt_orphans()
     yield
     kill_leftovers()
+
+
+def pytest_configure(config):
+    """Tests send SIGINT to the commands they start, as a terminal's Ctrl-C does. A test run started in the
+    background of a non-interactive shell (`bash .ci/run &`) has SIGINT ignored, and an ignored signal stays
+    ignored across exec: every command it started would ignore the Ctrl-C. A handled one is reset to the default
+    at exec, so the session handles it (as Python's default handler does)."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
