@@ -503,14 +503,6 @@ def _causing(primary: _Candidate, candidates: list[_Candidate]) -> list[_Candida
     return [c for c in candidates if c.event is not None and primary.event.rule.id in c.event.rule.culprit_of]
 
 
-def _printers_that_caused(primary: _Candidate, candidates: list[_Candidate]) -> list[int]:
-    return _rank_list({c.rank for c in _causing(primary, candidates)})
-
-
-def _causing_kinds(primary: _Candidate, candidates: list[_Candidate]) -> set[str]:
-    return {c.kind for c in _causing(primary, candidates)}
-
-
 def _printer_waits(candidate: _Candidate) -> bool:
     """Whether a line's rank is the rank that printed it while it waited for another or lost a peer (knowledge:
     `printer_waits`, `printer_lost_peer`), not one the line names (`rank_fact`)."""
@@ -711,10 +703,10 @@ def _assess_logs(records: LogRecords) -> Assessment:
     if compared is not None:
         culprits = compared
 
-    causing = _printers_that_caused(primary, candidates)
+    causing = _causing(primary, candidates)
     spread = None if causing else _spread_to_every_rank(primary, culprits, records)
     if causing:
-        culprits = causing
+        culprits = _rank_list({c.rank for c in causing})
     elif spread is not None:
         culprits = []
         findings.insert(findings.index(lead) + 1, spread)
@@ -756,7 +748,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
         named_by = None
     blaming = next((f for f in findings if f.kind in _BLAMING_KINDS and f.ranks == culprits and culprits), None)
     if causing:
-        blaming = next((f for f in findings if f.kind in _causing_kinds(primary, candidates)), None)
+        blaming = next((f for f in findings if f.kind in {c.kind for c in causing}), None)
     if blaming is None and culprits and lead.role == "primary" and lead.ranks == culprits:
         blaming = lead
     if blaming is None and named_by is not None:
