@@ -23,6 +23,11 @@ PROGRAM = textwrap.dedent(
 
         store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+        # A rank exits after its work: a worker names itself when it starts, which a loaded machine may delay
+        # past init_process_group's return; the collective runs on one, so it has.
+        import torch
+
+        dist.all_reduce(torch.ones(1))
     print(json.dumps({"workers_before": before, "settled": gloo_exit.settle()}))
     """
 )
