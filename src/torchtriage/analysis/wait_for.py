@@ -543,7 +543,7 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
         return _ends_without_dump(graph, waited, programs)
 
     graph.kind, graph.cycle = "cycle", cycle
-    culprits, decided_by, departure = _first_departure(cycle, programs)
+    culprits, decided_by, departure = _first_departure(cycle, programs, members_of)
     graph.culprits, graph.decided_by, graph.departure = culprits, decided_by, departure
     if not culprits:
         graph.candidates = cycle
@@ -708,7 +708,33 @@ def _against_its_history(program: Program, since: int) -> tuple[tuple[IssuedOp, 
     return None, keeps
 
 
-def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[list[int], str, dict]:
+def _steps_alike(following: dict[int, IssuedOp | None], members_of) -> dict[int, tuple | None]:
+    """rank -> a key equal for ranks whose op is the same step of one SPMD program: the op and call site, on the
+    same group or a sibling of it. One line of code issues its collective on each rank's own group of a mesh
+    dimension (the ep groups (0, 1) and (2, 3)): siblings have the same members relative to their first and
+    share no member. The world in place of a subgroup, a group of another dimension, or another group of the
+    same members (a subgroup as large as the world) is not a sibling. Sends and recvs keep their group: which
+    one a rank issues depends on its pipeline stage, so ranks of different stages are not peers in order."""
+    classes: dict[tuple, list[tuple[set, set, tuple]]] = {}  # shape -> [(members so far, group names, key)]
+    keys: dict[int, tuple | None] = {}
+    for rank, op in following.items():
+        members = members_of(rank, op.group) if members_of is not None and op is not None and op.peer is None else ()
+        if not members:
+            keys[rank] = op.identity if op is not None else None
+            continue
+        shape = (tuple(m - members[0] for m in members), *op.identity[1:])
+        siblings = classes.setdefault(shape, [])
+        found = next((c for c in siblings if op.group in c[1] or c[0].isdisjoint(members)), None)
+        if found is None:
+            found = (set(), set(), (*shape, len(siblings)))
+            siblings.append(found)
+        found[0].update(members)
+        found[1].add(op.group)
+        keys[rank] = found[2]
+    return keys
+
+
+def _first_departure(cycle: list[int], programs: dict[int, Program], members_of) -> tuple[list[int], str, dict]:
     alike: dict[tuple, list[int]] = {}
     for rank in cycle:
         alike.setdefault(programs[rank].shape, []).append(rank)
@@ -718,14 +744,15 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
     by_peers: list[int] = []
     detail: dict = {}
     if anchor is not None:
+        step = _steps_alike(following, members_of)
         tally: Counter = Counter()
-        for reader, op in following.items():
-            tally[op.identity if op else None] += len(ranks_like[reader])
+        for reader, key in step.items():
+            tally[key] += len(ranks_like[reader])
         (usual, count), *rest = tally.most_common()
         if rest and count * 2 > len(cycle):
-            departing = [r for r, op in following.items() if (op.identity if op else None) != usual]
+            departing = [r for r, key in step.items() if key != usual]
             by_peers = sorted(rank for reader in departing for rank in ranks_like[reader])
-            expected = next(op for op in following.values() if op is not None and op.identity == usual)
+            expected = next((following[r] for r, key in step.items() if key == usual), None)
             detail = {"after": {"group": anchor[0], "seq": anchor[1]}, "peers_issued": expected}
     own: dict[int, tuple[IssuedOp, set, int]] = {}  # rank -> (the op, what usually followed, times seen)
     kept: set[int] = set()  # ranks whose program shows the order of earlier steps and keeps it
@@ -754,7 +781,7 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
     if entered:
         # The break is a call every rank must make (a checkpoint's save): the ranks that never entered it skipped it.
         return entered, ALL_RANK_CALL, _issued(entered, following, {})
-    if by_history and not by_peers:
+    if by_history and not by_peers and _one_break(by_history, own, members_of):
         # Every other rank of the cycle kept the order of its earlier steps: the break is this rank's alone.
         decided = "its own program order" + (", its peers keeping theirs" if kept | set(own) == set(cycle) else "")
         if any(own[r][2] < 2 for r in by_history):
@@ -772,6 +799,14 @@ def _first_departure(cycle: list[int], programs: dict[int, Program]) -> tuple[li
                 return extra, ONE_OP_MORE, _issued(extra, following, {})
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
+
+
+def _one_break(ranks: list[int], own: dict[int, tuple[IssuedOp, set, int]], members_of) -> bool:
+    """The ranks that break their own order all break it with the same step (one departure, seen on the ranks of
+    one kind of program). One rank's departure does not change another's program: ranks that each break their
+    order with a step of their own show that their history is too short to hold the order (a step that runs an
+    op every few steps), not that several departed."""
+    return len(set(_steps_alike({r: own[r][0] for r in ranks}, members_of).values())) == 1
 
 
 NEW_PHASE = "its peers' program order, its peers entering a new phase together"
