@@ -113,6 +113,30 @@ def test_a_living_rank_whose_dump_was_lost_is_not_blamed_where_its_stack_shows_i
     assert right >= 0.9 * len(medium), _listed([row for row in medium if row[1].outcome != "right"])
 
 
+KNOWN_WRONG = "[still wrong at medium]"  # a regression seed's note when its verdict still names a healthy rank
+
+
+def _listed_seeds(known_wrong: bool) -> list[int]:
+    lines = [line for line in REGRESSIONS.read_text().splitlines() if line.split("#", 1)[0].strip()]
+    return [int(line.split("#", 1)[0]) for line in lines if (KNOWN_WRONG in line) == known_wrong]
+
+
+@pytest.mark.parametrize("seed", _listed_seeds(known_wrong=False))
+def test_a_seed_once_wrong_names_no_healthy_rank(seed):
+    found = scored_seed(seed)
+    if found is None:
+        pytest.skip(f"seed {seed} no longer hangs (the simulator's programs changed)")
+    case, result = found
+    healthy = set(result.named) - {case.truth.culprit}
+    assert not healthy, f"{case.describe()} -> named {result.named} at {result.confidence}"
+
+
+@pytest.mark.parametrize("seed", _listed_seeds(known_wrong=True))
+def test_a_seed_still_wrong_is_never_wrong_with_confidence(seed):
+    case, result = scored_seed(seed)
+    assert result.outcome != "wrong" or result.confidence != "high", case.describe()
+
+
 # Seeds whose lost dump (the rank at this share of those that dump) was once named at medium, its stack
 # showing it waiting (drawn with TORCHTRIAGE_SIM_LOST_DUMPS=1).
 LOST_DUMP_REGRESSIONS = {99: 0.9207642280693683, 103: 0.7577695547518469, 182: 0.005909233275440906}

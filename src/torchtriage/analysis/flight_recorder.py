@@ -512,9 +512,11 @@ def _against_the_step(
     """An even split decided by the group's own step: where every side issued the same ops (and call sites) up to
     some seq, those ops repeat with a period P (the group's ops in one training step); at the first seq where the
     sides' calls differ, the side that issued what the step issued P ops earlier kept the program, and the other
-    departed, provided what it issued instead is an op the group ran before (a skipped or reordered call; an op
-    never seen before may be a new phase every rank was to enter, a checkpoint's first collective, which a
-    second rank cannot tell from an extra call). None when the history shows no period or does not decide."""
+    departed, provided what it issued instead is an op of the repeating step (a skipped or reordered call). An op
+    the step does not hold may belong to a phase every rank was to enter: never seen before (a checkpoint's first
+    collective), or seen only before the repeating part began (a barrier every fifth step, which the last steps
+    do not show): a second rank cannot tell that from an extra call. None when the history shows no period or
+    does not decide."""
     reps = {v: sides[v][0] for v in tied if v != ABSENT and sides[v] and sides[v][0] in dumps}
     if len(reps) != len(tied) or len(reps) != 2:
         return None
@@ -523,8 +525,11 @@ def _against_the_step(
     shared = sorted(s for s in first if s < seq and first[s] == second.get(s))
     split = min((s for s in first if s in second and s <= seq and first[s] != second[s]), default=seq)
     history = [first[s] for s in shared if s < split]
-    period = _period(history)
-    if period is None or split - period not in first or first.get(split - period) != second.get(split - period):
+    found = _period(history)
+    if found is None:
+        return None
+    period, repeating = found
+    if split - period not in first or first.get(split - period) != second.get(split - period):
         return None
     expected = first[split - period]
     keeping = [v for v in reps if ops[v].get(split) == expected]
@@ -532,15 +537,22 @@ def _against_the_step(
         return None
     departed = next(v for v in reps if v not in keeping)
     instead = ops[departed].get(split)
-    return keeping[0] if instead is not None and instead in history else None
+    return keeping[0] if instead is not None and instead in history[-repeating:] else None
 
 
-def _period(history: list[tuple]) -> int | None:
-    """The smallest P with the last 2P entries repeating (the newest step equal to the one before it)."""
+def _period(history: list[tuple]) -> tuple[int, int] | None:
+    """The group's step: the period P that the history's longest repeating end follows, and that end's length
+    (at least two steps). The longest, not the smallest: a step's run of alike ops (one all_gather per block)
+    repeats with period 1 over a few entries, while the step itself repeats over the whole history."""
+    best: tuple[int, int] | None = None
     for period in range(1, min(_LONGEST_STEP, len(history) // 2) + 1):
-        if history[-period:] == history[-2 * period : -period]:
-            return period
-    return None
+        start = len(history) - period
+        while start > 0 and history[start - 1] == history[start - 1 + period]:
+            start -= 1
+        repeating = len(history) - start
+        if repeating >= 2 * period and (best is None or repeating > best[1]):
+            best = (period, repeating)
+    return best
 
 
 def _sizes_consistent(sig: Signature, group_size: int) -> bool:
