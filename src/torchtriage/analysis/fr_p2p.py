@@ -42,8 +42,42 @@ def p2p_disagreement(group: Group, dumps: dict[int, RankDump]) -> Disagreement |
         recvs = [op for op in ops["recv"] if op.after > floor]
         disagreement = _first_unmatched(group, src, dst, sends, recvs)
         if disagreement is not None:
-            found.append(disagreement)
+            found.append(_unless_held_by_the_poster(disagreement, dumps))
     return min(found, key=lambda item: item[0])[1] if found else None
+
+
+def _unless_held_by_the_poster(found: tuple[int, Disagreement], dumps: dict[int, RankDump]) -> tuple[int, Disagreement]:
+    """A rank that never posted the matching op stopped issuing only if nothing holds it: where its own pending
+    send or recv of the group pairs with an op the poster posted but its device has not run (queued behind the
+    poster's unmatched op), each waits for the other. A stage that skipped a recv and went on posts the next
+    step's ops, so its peer's send pairs with a later recv and the peer never gets to post its own: counts
+    alone cannot say which departed (the ranks' own order may)."""
+    after, d = found
+    if d.decided_by != "stopped issuing":
+        return found
+    missing, poster = d.culprits[0], d.sides["posted"][0]
+    if not _held_by(d.group.name, dumps.get(missing), dumps.get(poster)):
+        return found
+    held = (
+        f"; rank {missing} waits in a send or recv of its own, paired with an op rank {poster} posted and has not run"
+    )
+    sides = {"posted": [poster], "holds": [missing]}
+    return after, Disagreement(d.group, d.seq, True, sides, None, [], "undecided", d.kind, d.note + held)
+
+
+def _held_by(name: str, mine: RankDump | None, theirs: RankDump | None) -> bool:
+    if mine is None or theirs is None:
+        return False
+    for op in mine.p2p.get(name, ()):
+        if op.state not in ("scheduled", "started"):
+            continue
+        try:
+            paired = counterpart(name, mine, theirs, op)
+        except LookupError:
+            continue
+        if paired is not None and paired.state in ("scheduled", "started"):
+            return True
+    return False
 
 
 def _whole_from(dump: RankDump, name: str) -> int | None:
