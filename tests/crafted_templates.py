@@ -36,7 +36,7 @@ def to_json(value) -> str:
         return "{" + ",".join(f"{json.dumps(str(k))}:{to_json(v)}" for k, v in value) + "}"
     if isinstance(value, dict):
         return "{" + ",".join(f"{json.dumps(str(k))}:{to_json(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
+    if isinstance(value, (list, tuple, set, frozenset)):  # a pickle's hostile set is JSON's array
         return "[" + ",".join(map(to_json, value)) + "]"
     return json.dumps(value)  # NaN and Infinity as Python writes them
 
