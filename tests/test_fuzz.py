@@ -15,12 +15,14 @@ import resource
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from conftest import FIXTURES, H200
 from mutations import mutate_json, mutate_pickle, mutate_text
+from parallel import jobs
 
 MUTATIONS_PER_KIND = 30
 MEMORY_BOUND = 3 << 30
@@ -103,23 +105,44 @@ def _target(command: list[str], folder: Path, name: str, peers: list) -> list[st
     return [*command, str(folder if peers else folder / name)]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "kind, number", [(kind, n) for kind in KINDS for n in range(MUTATIONS_PER_KIND)], ids=lambda v: str(v)
-)
-def test_a_mutated_artifact_gets_a_documented_exit(kind, number, tmp_path):
-    seed, name, mutate, command, peers, accepted = KINDS[kind]
-    rng = random.Random(f"{kind}-{number}")
-    (tmp_path / name).write_bytes(mutate(seed, rng))
+CASES = [(kind, n) for kind in KINDS for n in range(MUTATIONS_PER_KIND)]
+
+
+def _run_case(case: tuple[str, int], root: Path) -> subprocess.CompletedProcess:
+    kind, number = case
+    seed, name, mutate, command, peers, _ = KINDS[kind]
+    folder = root / f"{kind}-{number}"
+    folder.mkdir()
+    (folder / name).write_bytes(mutate(seed, random.Random(f"{kind}-{number}")))
     for source, peer_name in peers:
-        shutil.copy(source, tmp_path / peer_name)
-    done = subprocess.run(
-        [sys.executable, "-m", "torchtriage", *_target(command, tmp_path, name, peers)],
+        shutil.copy(source, folder / peer_name)
+    return subprocess.run(
+        [sys.executable, "-m", "torchtriage", *_target(command, folder, name, peers)],
         capture_output=True,
         timeout=TIME_BOUND_S,
         preexec_fn=_bounded,
     )
+
+
+@pytest.fixture(scope="module")
+def outcomes(request, tmp_path_factory) -> dict[tuple[str, int], subprocess.CompletedProcess]:
+    """The selected cases' commands (all, or those `-k` kept), run on every core: each is its own bounded
+    process, so threads only wait for them."""
+    chosen = [
+        (item.callspec.params["kind"], item.callspec.params["number"])
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    ]
+    root = tmp_path_factory.mktemp("fuzz")
+    with ThreadPoolExecutor(jobs()) as pool:
+        return dict(zip(chosen, pool.map(lambda case: _run_case(case, root), chosen), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, number", CASES, ids=lambda v: str(v))
+def test_a_mutated_artifact_gets_a_documented_exit(kind, number, outcomes):
+    done = outcomes[(kind, number)]
     err = done.stderr.decode(errors="replace")
-    assert done.returncode in accepted, err[-2000:]
+    assert done.returncode in KINDS[kind][5], err[-2000:]
     assert "Traceback" not in err and "internal error" not in err, err[-2000:]
     assert "\x1b" not in done.stdout.decode(errors="replace")  # nothing from the input reaches the terminal raw
