@@ -716,20 +716,25 @@ def _steps_alike(following: dict[int, IssuedOp | None], members_of) -> dict[int,
     same members (a subgroup as large as the world) is not a sibling. Sends and recvs keep their group: which
     one a rank issues depends on its pipeline stage, so ranks of different stages are not peers in order."""
     classes: dict[tuple, list[tuple[set, set, tuple]]] = {}  # shape -> [(members so far, group names, key)]
+    relative: dict[int, tuple] = {}  # id(members) -> (members, relative to the first): once per group, not per rank
     keys: dict[int, tuple | None] = {}
     for rank, op in following.items():
         members = members_of(rank, op.group) if members_of is not None and op is not None and op.peer is None else ()
         if not members:
             keys[rank] = op.identity if op is not None else None
             continue
-        shape = (tuple(m - members[0] for m in members), *op.identity[1:])
+        known = relative.get(id(members))
+        if known is None or known[0] is not members:  # held with its tuple, so an id is never a freed tuple's
+            known = relative[id(members)] = (members, tuple(m - members[0] for m in members))
+        shape = (known[1], *op.identity[1:])
         siblings = classes.setdefault(shape, [])
         found = next((c for c in siblings if op.group in c[1] or c[0].isdisjoint(members)), None)
         if found is None:
             found = (set(), set(), (*shape, len(siblings)))
             siblings.append(found)
-        found[0].update(members)
-        found[1].add(op.group)
+        if op.group not in found[1]:  # thousands of ranks of one group: its members are taken in once
+            found[0].update(members)
+            found[1].add(op.group)
         keys[rank] = found[2]
     return keys
 
