@@ -33,9 +33,14 @@ SAMPLE = int(os.environ.get("TORCHTRIAGE_SIM_CASES", "1000"))
 REGRESSIONS = Path(__file__).parent / "sim" / "regressions.txt"
 
 
-def regression_seeds() -> list[int]:
+KNOWN_WRONG = "[still wrong at medium]"  # a regression seed's note when its verdict still names a healthy rank
+
+
+def regression_seeds(known_wrong: bool | None = None) -> list[int]:
+    """The seeds listed; with `known_wrong`, only those whose note says (or does not say) they are still wrong."""
     lines = REGRESSIONS.read_text().splitlines() if REGRESSIONS.exists() else []
-    return [int(line.split("#", 1)[0]) for line in lines if line.split("#", 1)[0].strip()]
+    listed = [line for line in lines if line.split("#", 1)[0].strip()]
+    return [int(line.split("#", 1)[0]) for line in listed if known_wrong in (None, KNOWN_WRONG in line)]
 
 
 @pytest.fixture(scope="module")
@@ -113,15 +118,7 @@ def test_a_living_rank_whose_dump_was_lost_is_not_blamed_where_its_stack_shows_i
     assert right >= 0.9 * len(medium), _listed([row for row in medium if row[1].outcome != "right"])
 
 
-KNOWN_WRONG = "[still wrong at medium]"  # a regression seed's note when its verdict still names a healthy rank
-
-
-def _listed_seeds(known_wrong: bool) -> list[int]:
-    lines = [line for line in REGRESSIONS.read_text().splitlines() if line.split("#", 1)[0].strip()]
-    return [int(line.split("#", 1)[0]) for line in lines if (KNOWN_WRONG in line) == known_wrong]
-
-
-@pytest.mark.parametrize("seed", _listed_seeds(known_wrong=False))
+@pytest.mark.parametrize("seed", regression_seeds(known_wrong=False))
 def test_a_seed_once_wrong_names_no_healthy_rank(seed):
     found = scored_seed(seed)
     if found is None:
@@ -131,7 +128,7 @@ def test_a_seed_once_wrong_names_no_healthy_rank(seed):
     assert not healthy, f"{case.describe()} -> named {result.named} at {result.confidence}"
 
 
-@pytest.mark.parametrize("seed", _listed_seeds(known_wrong=True))
+@pytest.mark.parametrize("seed", regression_seeds(known_wrong=True))
 def test_a_seed_still_wrong_is_never_wrong_with_confidence(seed):
     case, result = scored_seed(seed)
     assert result.outcome != "wrong" or result.confidence != "high", case.describe()
