@@ -1,4 +1,5 @@
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -10,6 +11,13 @@ from leftovers import adopt_orphans, kill_leftovers
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "h200x2"
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: a worker per core, at most four. The live tests spend most of their time waiting for a real
+    job to hang (a timeout, a watchdog window), so two of them overlap well even on two cores; past four, the
+    ranks of the jobs running at once (up to 16 each) outgrow a small machine's memory."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 
 def run_cli(*args, stdin: bytes | None = None, timeout: float = 120):
