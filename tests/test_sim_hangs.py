@@ -13,6 +13,8 @@ confusion per family and backend and the calibration of each confidence level.
 
 import os
 import random
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 from functools import partial
@@ -175,22 +177,37 @@ def _verdict_of(seed: int) -> tuple:
     return case, verdict, score(case, verdict)
 
 
-@pytest.mark.parametrize("seed", [1038, 4729])
+@pytest.mark.parametrize("seed", [1038, 4729, 1011])
 def test_a_rank_one_op_past_every_rank_in_the_end_phase_made_the_extra_op(seed):
-    """gloo: one rank issued one op too many at a call site every step uses; its peer in the cycle and ranks
-    outside it issued that call equally often and entered the end of training. Their agreement names it."""
+    """One rank issued one op too many at a call every step makes; its peer in the cycle and ranks outside it made
+    that call equally often and entered the end of training. Their agreement names it. Seed 1011 (NCCL): the
+    call is a gradient all_reduce issued from autograd's hooks, with no Python frame: counted all the same."""
     case, verdict, scored = _verdict_of(seed)
     assert case.departure.kind == "extra" and scored.outcome == "right", case.describe()
     assert verdict["facts"]["flight_recorder"]["decided_by"] == "one op more than every rank that entered the new phase"
     assert verdict["confidence"] == "medium"
 
 
-def test_with_the_pair_alone_the_extra_op_is_not_decided_by_counts():
-    """Two ranks: one op too many on one side and the end phase entered early on the other are one story each;
-    no third rank's count tells them apart (the verdict's own-order reading remains, at medium)."""
-    case, verdict, _ = _verdict_of(2282)
-    assert len(case.outcome.ranks) == 2
-    assert verdict["facts"]["flight_recorder"]["decided_by"] != "one op more than every rank that entered the new phase"
+@pytest.mark.parametrize("seed", [2282, 3520])
+def test_with_the_pair_alone_a_loop_that_ended_sooner_leads_at_low_confidence_with_both_candidates(seed):
+    """Two ranks: one went from the end of its step to the end of training, the other waits in the next step's
+    first op. Its loop ended a step sooner (uneven batches), or its peer's ran longer or made one op more (here it
+    did): each story leaves these records, and no third rank's count tells them apart. The common story leads at
+    low confidence, both ranks are the candidates, the verdict tells both stories and the fix for both."""
+    case, verdict, scored = _verdict_of(seed)
+    assert len(case.outcome.ranks) == 2 and case.departure.kind == "extra"
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([0], "low"), verdict["summary"]
+    assert verdict["facts"]["candidates"] == [0, 1]
+    said = verdict["summary"]
+    assert "the loop of rank 0 ended sooner" in said and "that of rank 1 ran longer or made one op more" in said
+    assert verdict["actions"][0]["title"] == "Make every rank run the same number of steps"
+
+
+def test_the_terminal_says_the_low_confidence_culprit_cannot_be_told_from_its_candidates(tmp_path):
+    make(2282).write(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "torchtriage", "diagnose", str(tmp_path)], capture_output=True)
+    out = done.stdout.decode()
+    assert "confidence: low" in out and "culprit   0 (the evidence cannot rule out ranks 0-1)" in out, out
 
 
 # --- departures drawn on request: a broadcast's root, a send's or recv's peer ---------------------------------

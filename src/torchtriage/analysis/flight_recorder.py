@@ -1092,6 +1092,10 @@ _GRAPH_CONFIDENCE = {
     "its own program order": "medium",
     "its own program order, with a call it never made before": "medium",
     "one op more than every rank that entered the new phase": "medium",
+    wait_for.LEFT_EARLY: "medium",
+    wait_for.LEFT_MID_STEP: "medium",
+    # Two stories leave the same records (its loop ended sooner, or its peer's ran longer): no third rank counts.
+    wait_for.LOOP_LENGTH: "low",
     "its own program order, seen once before": "medium",
     "the ops between its collectives, its peers keeping theirs": "high",
     wait_for.PROGRESS_STOPPED: "medium",

@@ -248,8 +248,10 @@ def fuse(
             own = next((a.user_frames[culprits[0]] for a in [lead, *others] if culprits[0] in a.user_frames), None)
             if own is not None:
                 facts["user_frame"] = own.to_fact(culprits[0])
-        if not culprits and lead.facts.get("candidates"):
-            facts["candidates"] = lead.facts["candidates"]
+        candidates = lead.facts.get("candidates")
+        if candidates and (not culprits or set(culprits) < set(candidates)):
+            # No culprit, or one the evidence cannot tell from the other candidates (it leads at low confidence).
+            facts["candidates"] = candidates
 
     summary = lead.summary
     stacks = present.get("stacks")

@@ -799,9 +799,19 @@ def _first_departure(cycle: list[int], programs: dict[int, Program], members_of)
             # collective) that ranks outside the cycle made too is a phase every rank enters: the rank may
             # have entered it in time while its peer issued one op too many or too few before it.
             decided = "its own program order, with a call it never made before"
-            extra = _one_op_more(cycle, by_history, own, programs)
-            if extra:
-                return extra, ONE_OP_MORE, _issued(extra, following, {})
+            counted, ranks = _counted_against_the_phase(cycle, by_history, own, programs)
+            if counted == ONE_OP_MORE:
+                return ranks, ONE_OP_MORE, _issued(ranks, {r: programs[r].waiting for r in ranks}, {})
+            if counted == LEFT_EARLY:
+                decided = LEFT_EARLY
+            elif _left_mid_step(by_history, own, programs):
+                decided = LEFT_MID_STEP
+            elif all(_from_a_new_place(programs[r], own[r][0]) for r in by_history):
+                # The rank went from the end of its step to a place it never called from (the end of training, an
+                # evaluation): its loop ended sooner, or its peer's ran longer or made one op more. Each story
+                # leaves these records; the first (uneven batches) is the common one, and leads at low confidence.
+                stories = {"two_stories": _two_stories(cycle, by_history)}
+                return by_history, LOOP_LENGTH, _issued(by_history, following, own) | stories
         return by_history, decided, _issued(by_history, following, own)
     return [], "undecided", {}
 
@@ -839,33 +849,88 @@ def _inside_all_rank_call(program: Program, op: IssuedOp) -> str | None:
 
 
 ONE_OP_MORE = "one op more than every rank that entered the new phase"
+LEFT_EARLY = "its own program order, with fewer ops than the ranks that entered the new phase"
+LEFT_MID_STEP = "its own program order, leaving its step midway for a call it never made before"
+LOOP_LENGTH = "its own program order, its loop ending a step sooner than its peers' (or theirs running longer)"
 
 
-def _one_op_more(
+def _counted_against_the_phase(
     cycle: list[int], by_history: list[int], own: dict[int, tuple[IssuedOp, set, int]], programs: dict[int, Program]
-) -> list[int]:
-    """The rank(s) of the cycle that did not enter the phase, each waiting in an op one seq past the last op of
-    that call site on every rank that entered it (the cycle's own and ranks outside it, which agree): in an SPMD
-    program every rank that reached the phase issued that call as often, so a rank one past them made one op
-    more. Needs a rank outside the cycle in the phase: with the pair alone, one op too many on one side and a phase
-    entered early on the other are one story each."""
+) -> tuple[str | None, list[int]]:
+    """The ranks of the cycle that entered the new phase against the ranks outside the cycle that entered it too,
+    counted at the call each staying rank waits in (its op and call site; its ops there on one group). In an SPMD
+    program every rank that reached the phase issued that call as often: staying ranks each one seq past that
+    count made one op more (ONE_OP_MORE); ranks that entered the phase with fewer left early (LEFT_EARLY). Needs a
+    rank outside the cycle in the phase: with the cycle alone, one op too many on one side and a phase entered
+    early on the other are one story each (None)."""
     phase_call = {(own[r][0].op, own[r][0].site) for r in by_history}
     if len(phase_call) != 1:
-        return []
+        return None, []
     (want,) = phase_call
     outside = _entered_outside(want, programs, set(cycle))
-    if not outside:
-        return []
-    extra = []
-    for rank in (r for r in cycle if r not in by_history):
+    staying = [r for r in cycle if r not in by_history]
+    if not outside or not staying:
+        return None, []
+    one_more = left_early = True
+    for rank in staying:
         waiting = programs[rank].waiting
-        if waiting is None or waiting.peer is not None or waiting.site is None:
-            return []
-        last = {_last_seq_at(programs[r], (waiting.op, waiting.site), want) for r in outside + list(by_history)}
-        if len(last) != 1 or None in last or waiting.seq != last.pop() + 1:
-            return []
-        extra.append(rank)
-    return sorted(extra)
+        if waiting is None or waiting.peer is not None:
+            return None, []
+        call = (waiting.op, waiting.site)
+        counts = {_last_seq_at(programs[r], call, want) for r in outside}
+        if len(counts) != 1 or None in counts:
+            return None, []
+        (count,) = counts
+        entered = [_last_seq_at(programs[r], call, want) for r in by_history]
+        one_more = one_more and waiting.seq == count + 1 and all(seq == count for seq in entered)
+        left_early = left_early and all(seq is not None and seq < count for seq in entered)
+    if one_more:
+        return ONE_OP_MORE, sorted(staying)
+    return (LEFT_EARLY, sorted(by_history)) if left_early else (None, [])
+
+
+def _left_mid_step(
+    by_history: list[int], own: dict[int, tuple[IssuedOp, set, int]], programs: dict[int, Program]
+) -> bool:
+    """Every rank that went to the new call went from inside a step: the op it made last is none of the ops its
+    steps end with. Its peer then cannot have made one op more, nor its loop have ended sooner (a loop ends
+    between two steps): it left its step."""
+    for rank in by_history:
+        before = _before(programs[rank], own[rank][0])
+        ends = _ends_of_steps(programs[rank], before)
+        if not ends or before[-1].identity in ends:
+            return False
+    return True
+
+
+def _before(program: Program, op: IssuedOp) -> list[IssuedOp]:
+    return program.ops[: program.ops.index(op)] if op in program.ops else []
+
+
+def _ends_of_steps(program: Program, before: list[IssuedOp]) -> set:
+    """The identities of the ops the rank's steps ended with, read from its ops `before` the new call: a step
+    begins with the first op that recurs (what came before it, once, is the setup) and ends with the op made just
+    before it recurred. Empty where the record does not reach the first step (the recorder's ring dropped it)
+    or no op recurs."""
+    if not all(track.seqs and track.seqs[0] <= 1 for track in program.dump.tracks.values()):
+        return set()
+    seen = Counter(op.identity for op in before)
+    start = next((i for i, op in enumerate(before) if seen[op.identity] > 1), None)
+    if start is None:
+        return set()
+    first = before[start].identity
+    return {before[i - 1].identity for i in range(start + 1, len(before)) if before[i].identity == first}
+
+
+def _from_a_new_place(program: Program, op: IssuedOp) -> bool:
+    """The rank never called anything from `op`'s call site before it: a new place in its program (the end of
+    training's barrier, a first evaluation), not an old call site issuing on another group or out of turn."""
+    return op.site is not None and all(other.site != op.site for other in _before(program, op))
+
+
+def _two_stories(cycle: list[int], by_history: list[int]) -> dict:
+    """Who the records' two stories are about: the ranks whose loop seems to have ended, the ranks that went on."""
+    return {"entered": sorted(by_history), "staying": [r for r in cycle if r not in by_history]}
 
 
 def _entered_outside(phase: tuple[str, str | None], programs: dict[int, Program], cycle: set[int]) -> list[int]:

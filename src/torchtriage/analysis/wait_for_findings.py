@@ -13,6 +13,18 @@ from torchtriage.ranks import format_ranks
 _MAX_EVIDENCE = 6
 
 
+def _two_stories(graph: WaitFor) -> str:
+    """The other story the records tell where a rank's loop seems to have ended a step sooner than its peers'."""
+    stories = graph.departure["two_stories"]
+    entered, staying = format_ranks(stories["entered"]), format_ranks(stories["staying"])
+    return (
+        f"; {entered} went from the end of a step to a call it never made before while {staying} went on to "
+        f"another step: the loop of {entered} ended sooner (fewer batches, a stop condition of its own), or that "
+        f"of {staying} ran longer or made one op more. No rank outside them shows how many steps the loop had: "
+        f"{format_ranks(sorted(graph.cycle))} are the candidates"
+    )
+
+
 def _waits(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[int]) -> str:
     """'ranks 0-1, 3 wait in all_reduce seq 4 of pg 1 for rank 2; ...', one clause per place."""
     by_place: dict[tuple, list[int]] = {}
@@ -180,6 +192,9 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
                 f"deadlock across process groups: {cycle} — {format_ranks(culprits)} departed first "
                 f"({graph.decided_by}): {' '.join(said)}"
             )
+            if "two_stories" in departure:
+                message += _two_stories(graph)
+                facts |= {"candidates": sorted(graph.cycle), "loop_length": True}
         else:
             message = (
                 f"deadlock across process groups: {cycle} — the programs of {format_ranks(graph.cycle)} do not tell "

@@ -23,9 +23,10 @@ def _style(text: str, code: str, colour: bool) -> str:
 
 
 def _culprit_line(verdict: Verdict) -> str:
-    if verdict.culprit_ranks:
-        return ", ".join(str(r) for r in verdict.culprit_ranks)
     candidates = verdict.facts.get("candidates")
+    if verdict.culprit_ranks:
+        named = ", ".join(str(r) for r in verdict.culprit_ranks)
+        return f"{named} (the evidence cannot rule out {format_ranks(candidates)})" if candidates else named
     if candidates and len(candidates) == 1:
         return f"not identified; the one candidate is {format_ranks(candidates)}, and the evidence is weak"
     if candidates:
