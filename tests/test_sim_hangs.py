@@ -196,6 +196,7 @@ def test_with_the_pair_alone_a_loop_that_ended_sooner_leads_at_low_confidence_wi
     low confidence, both ranks are the candidates, the verdict tells both stories and the fix for both."""
     case, verdict, scored = _verdict_of(seed)
     assert len(case.outcome.ranks) == 2 and case.departure.kind == "extra"
+    assert not case.truth.decidable  # the simulator finds the other story: rank 0's loop a step shorter
     assert (verdict["culprit_ranks"], verdict["confidence"]) == ([0], "low"), verdict["summary"]
     assert verdict["facts"]["candidates"] == [0, 1]
     said = verdict["summary"]

@@ -11,7 +11,10 @@
   outside any collective, or in a collective its recorded history never issued), its absence (a rank of a
   known world has no process), its recorder's states (ops its peers completed still pending). Empty when
   nothing does: then no analysis can tell the culprit from the ranks it deadlocked with, and the right
-  answer is `candidates`, the deadlocked ranks (the terminal cycle of who waits for whom).
+  answer is `candidates`, the deadlocked ranks (the terminal cycle of who waits for whom). Empty too where
+  another story leaves the same artifacts: the culprit healthy in a loop of another length and one other rank
+  of its deadlock departing by running the loop as long as this program has it (a loop that ended a step
+  sooner on one rank, and one that ran longer or made one op more on its peer, are one record).
 - `waits_for`: rank -> the ranks it waits for (its group's members that never reached its op, the peer
   of its send or recv, the rank that should set the store key it waits for).
 """
@@ -21,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .artifacts import Layout
-from .departures import Departure, schedule
+from .departures import EXTRA_STEPS, Departure, schedule
 from .engine import Engine, Outcome, RankRun, Record
 from .frames import waiting_frames
 from .program import SYNC, Program
@@ -51,6 +54,8 @@ def find(program: Program, departure: Departure, outcome: Outcome, backend: str,
     waits = waits_for(outcome, healthy)
     visible = _visible_by(program, departure, outcome, healthy, backend, layout, gone)
     candidates = _terminal(waits, culprit)
+    if visible == "record" and _another_loop_length(program, departure, outcome, backend, candidates):
+        visible = ""  # two stories leave these records: the candidates are the answer
     sites = () if departure.kind == "wedge" else _sites(program, departure, run, healthy.ranks[culprit], gone, layout)
     return Truth(culprit, departure.kind, departure.detail, sites, visible, candidates, gone, waits)
 
@@ -118,6 +123,55 @@ def _visible_by(program, departure, outcome: Outcome, healthy: Outcome, backend:
     if layout.dumps and wait is not None and wait.kind == "stuck" and all(r.done for r in run.records):
         return "sink"  # every op it issued completed, while its peers wait in one it never issued
     return ""
+
+
+def _another_loop_length(program, departure, outcome: Outcome, backend: str, candidates: tuple[int, ...]) -> bool:
+    """Whether another story leaves the same artifacts: the culprit healthy in a loop of another length, and one
+    other rank of its deadlock departing by running the loop as long as the program really had it (its actions
+    as they were). A loop that ended a step sooner on one rank and a loop that ran longer (or one op more) on its
+    peer are then one record: where no third rank shows the count, no artifact tells them apart."""
+    if departure.kind in ("exit", "die", "stuck", "wedge"):
+        return False  # its last act (an exit, a wait outside any collective) is no loop's end
+    actual = schedule(program, departure)
+    seen = _observed(outcome, backend)
+    length = program.steps + 1 + EXTRA_STEPS
+    run = outcome.ranks[departure.rank]
+    issued = _shown(run.actions[: run.pc])
+    # Only loops whose healthy run begins with what the culprit issued, as far as an artifact shows it (a few
+    # engine runs, not one per length).
+    lengths = [n for n in range(1, length + 3) if n != length and _begins(_loop(program, departure.rank, n), issued)]
+    for other in (r for r in candidates if r != departure.rank):
+        for steps in lengths:
+            actions = {rank: _loop(program, rank, steps) for rank in actual}
+            actions[other] = actual[other]
+            alternative = Engine(backend, actions, program.eager_init, program.mismatch_completes).run()
+            if not alternative.finished and _observed(alternative, backend) == seen:
+                return True
+    return False
+
+
+def _shown(actions: list) -> list:
+    return [a.identity for a in actions if a.kind not in _SILENT]
+
+
+def _begins(actions: list, issued: list) -> bool:
+    shown = _shown(actions)
+    return len(shown) >= len(issued) and shown[: len(issued)] == issued
+
+
+def _loop(program, rank: int, steps: int) -> list:
+    """The rank's healthy actions in a loop of `steps` steps, then the end of training."""
+    return [a for step in range(steps) for a in program.actions(rank, step)] + [program.end_action(rank)]
+
+
+def _observed(outcome: Outcome, backend: str) -> dict:
+    """What the artifacts can show of each rank: its records (as `_token` compares them) and where it waits."""
+    found = {}
+    for rank, run in outcome.ranks.items():
+        wait = run.wait
+        where = (wait.kind, wait.action.kind, wait.action.site) if wait and wait.action else (wait and wait.kind)
+        found[rank] = ([_token(r, backend) for r in run.records], len(run.hidden), where)
+    return found
 
 
 def _began_by_peers(outcome: Outcome, run: RankRun, layout: Layout) -> bool:
