@@ -13,7 +13,7 @@ from torchtriage.ranks import format_ranks
 _MAX_EVIDENCE = 6
 
 
-def _two_stories(graph: WaitFor) -> str:
+def _other_story_said(graph: WaitFor) -> str:
     """The other story the records tell where a rank's loop seems to have ended a step sooner than its peers'."""
     stories = graph.departure["two_stories"]
     entered, staying = format_ranks(stories["entered"]), format_ranks(stories["staying"])
@@ -193,7 +193,7 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
                 f"({graph.decided_by}): {' '.join(said)}"
             )
             if "two_stories" in departure:
-                message += _two_stories(graph)
+                message += _other_story_said(graph)
                 facts |= {"candidates": sorted(graph.cycle), "loop_length": True}
         else:
             message = (
