@@ -802,11 +802,12 @@ def _first_departure(cycle: list[int], programs: dict[int, Program], members_of)
             counted, ranks = _counted_against_the_phase(cycle, by_history, own, programs)
             if counted == ONE_OP_MORE:
                 return ranks, ONE_OP_MORE, _issued(ranks, {r: programs[r].waiting for r in ranks}, {})
+            broke = [r for r in readers if r in own]  # one rank per kind of program: thousands may break alike
             if counted == LEFT_EARLY:
                 decided = LEFT_EARLY
-            elif _left_mid_step(by_history, own, programs):
+            elif _left_mid_step(broke, own, programs):
                 decided = LEFT_MID_STEP
-            elif all(_from_a_new_place(programs[r], own[r][0]) for r in by_history):
+            elif all(_from_a_new_place(programs[r], own[r][0]) for r in broke):
                 # The rank went from the end of its step to a place it never called from (the end of training, an
                 # evaluation): its loop ended sooner, or its peer's ran longer or made one op more. Each story
                 # leaves these records; the first (uneven batches) is the common one, and leads at low confidence.
