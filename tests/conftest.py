@@ -41,6 +41,20 @@ def cli():
     return run_cli
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Code under test may set the process's environment (set_flight_recorder_env arms TORCH_FR_DUMP_TEMP_FILE
+    for the ranks it would start). Whatever a test leaves there is undone after it, so no later test on the same
+    worker starts its job in another's environment (a kept variable makes `run` warn before its first line)."""
+    before = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(before):
+        del os.environ[name]
+    for name, value in before.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _no_leftover_processes():
     """Workers a failed or timed-out job test left behind are killed with their module (tests/leftovers.py)."""

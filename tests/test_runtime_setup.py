@@ -94,7 +94,8 @@ def test_without_a_launcher_nothing_is_initialised(no_launcher):
 def test_flight_recorder_variables_keep_the_users(tmp_path, monkeypatch):
     pytest.importorskip("torch")
     for name in setup.FR_BUFFER_ENV[:2] + setup.FR_DUMP_ON_TIMEOUT_ENV[:2] + setup.FR_DUMP_FILE_ENV[:2]:
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "")  # set, then removed: monkeypatch then undoes what the code sets too
+        monkeypatch.delenv(name)
     monkeypatch.setenv("TORCH_NCCL_TRACE_BUFFER_SIZE", "500")
     with pytest.warns(UserWarning, match="keeping your TORCH_NCCL_TRACE_BUFFER_SIZE='500'"):
         setup.set_flight_recorder_env(tmp_path)
