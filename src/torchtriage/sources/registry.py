@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import sys
 import zlib
 from collections.abc import Callable, Iterable
@@ -21,6 +20,7 @@ from typing import BinaryIO
 
 from torchtriage.model import SourceKind
 from torchtriage.protocol import BACKSTOP_PREFIX
+from torchtriage.sources import folder_walk
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import ByteBudget
@@ -28,18 +28,16 @@ from torchtriage.sources.streams import (
     GZIP_MAGIC,
     KERNEL_FILE,
     Budgeted,
-    Refused,
     Replay,
     TolerantGunzip,
+    describe_os_error,
     found_in_folder,
     give_file,
     give_folder,
-    inside_given,
     is_kernel_interface,
-    not_regular,
     open_fd,
     open_regular,
-    outside,
+    unreadable,
 )
 
 STDIN = "-"
@@ -362,18 +360,6 @@ def _head_of(name: str, raw: bytes) -> Head:
     return Head(name, raw, False)
 
 
-def _unreadable(err: OSError) -> str:
-    """Why a file cannot be read, for the user: what torchtriage refuses, or the system's reason."""
-    if isinstance(err, Refused):
-        return f"{err.strerror}."
-    hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
-    return f"cannot be read: {err.strerror or type(err).__name__}{hint}."
-
-
-def _describe_os_error(path: str, err: OSError) -> str:
-    return f"{path}: {_unreadable(err)}"
-
-
 EMPTY = "the file is empty (nothing was written to it, or it was cut off)."
 
 
@@ -393,11 +379,11 @@ def _sniff_file(path: str, found: bool | None = None) -> _Sniffed | str:
     try:
         fd, status = open_fd(path, found)
     except OSError as err:
-        return _unreadable(err)
+        return unreadable(err)
     try:
         raw = os.read(fd, min(status.st_size, HEAD_BYTES)) if status.st_size else b""
     except OSError as err:
-        return _unreadable(err)
+        return unreadable(err)
     finally:
         os.close(fd)
     if not raw:
@@ -423,67 +409,6 @@ def _examine(path: str, problems: list[str], named: bool) -> Input | None:
     return _input_of(path, sniffed, named)
 
 
-def _natural_key(name: str) -> list[object]:
-    # Numbers compare as numbers (rank2 before rank10); one too long to be a rank sorts after every other.
-    return [(as_int(part, 1 << 64), part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
-
-
-def _link(path: str, problems: list[str]) -> bool:
-    """Whether the link at `path`, found in a folder, leads to a file to read. A link out of the folders given
-    is named, not followed; one to a folder inside is not walked twice (its files are found where they are)."""
-    target = os.path.realpath(path)
-    try:
-        mode = os.stat(target).st_mode
-    except OSError:
-        problems.append(f"{path}: a link to {target}, which does not exist; not read.")
-        return False
-    if not inside_given(target):
-        problems.append(f"{path}: {outside(target, 'a folder' if stat.S_ISDIR(mode) else 'a file')}.")
-        return False
-    if stat.S_ISDIR(mode):
-        return False
-    if not stat.S_ISREG(mode):
-        problems.append(f"{path}: a link to {not_regular(mode)}.")
-        return False
-    return True
-
-
-def _entries(folder: str, problems: list[str]) -> list[tuple[list[object], os.DirEntry]]:
-    """A folder's entries that may matter (not hidden), each with its natural sort key."""
-    try:
-        with os.scandir(folder) as listing:
-            entries = [entry for entry in listing if not entry.name.startswith(".")]
-    except OSError as err:
-        problems.append(_describe_os_error(folder, err))
-        return []
-    # A folder's key ends with the separator, so that the walk lists paths in the order a sort of the whole
-    # paths gives (run/rank1.log before run/rank1/, run/a2/ before run/a10.log), sorting only names.
-    return [(_natural_key(e.name + os.sep if e.is_dir(follow_symlinks=False) else e.name), e) for e in entries]
-
-
-def _walk(folder: str, problems: list[str]) -> list[str]:
-    """Every file under `folder` to examine, in natural order. The type of each entry comes with the listing
-    (no call per file); what is not a regular file is a problem, and so is a link out of the folders given."""
-    found: list[str] = []
-    # (key, entry) still to visit, the next one last: a folder's entries replace it, so the order stays natural.
-    pending = sorted(_entries(folder, problems), key=lambda item: item[0], reverse=True)
-    while pending:
-        _, entry = pending.pop()
-        if entry.is_dir(follow_symlinks=False):
-            pending += sorted(_entries(entry.path, problems), key=lambda item: item[0], reverse=True)
-        elif entry.is_file(follow_symlinks=False):
-            found.append(entry.path)
-        elif entry.is_symlink():
-            if _link(entry.path, problems):
-                found.append(entry.path)
-        else:
-            try:
-                problems.append(f"{entry.path}: {not_regular(entry.stat(follow_symlinks=False).st_mode)}.")
-            except OSError as err:
-                problems.append(_describe_os_error(entry.path, err))
-    return found
-
-
 # Below this many files, forking costs more than sniffing them here.
 _FORK_FROM = 2048
 
@@ -498,6 +423,52 @@ def _sniff_all(files: list[str]) -> list[_Sniffed | str]:
     if jobs > 1 and len(files) >= _FORK_FROM and can_fork():
         return map_forked(_sniff_found, files, jobs)
     return [_sniff_found(f) for f in files]
+
+
+_Walked = tuple[list[str], list[_Sniffed | str], list[str]]  # files, each one's sniff, the walk's problems
+
+
+def _walked_and_sniffed(folder: str) -> _Walked:
+    """Every file under `folder` to examine, in natural order, each sniffed, and the walk's problems. A tree of
+    many folders is cut into subtrees, each walked and sniffed whole by one core (the sort of a million names is
+    as costly as their sniffing); the files met on the way are sniffed as a folder's files are."""
+    jobs = usable_cores()
+    if jobs < 2 or not can_fork():
+        return _walk_and_sniff(folder)
+    pieces = folder_walk.split(folder, wanted=jobs * 4)
+    subtrees = [value for kind, value in pieces if kind == folder_walk.SUBTREE]
+    loose = [value for kind, value in pieces if kind == folder_walk.FILE]
+    each = map_forked(_walk_and_sniff_here, subtrees, jobs) if len(subtrees) > 1 else map(_walk_and_sniff, subtrees)
+    walked = dict(zip(subtrees, each, strict=True))
+    sniffed_loose = dict(zip(loose, _sniff_all(loose), strict=True))
+    files: list[str] = []
+    sniffed: list[_Sniffed | str] = []
+    problems: list[str] = []
+    for kind, value in pieces:
+        if kind == folder_walk.FILE:
+            files.append(value)
+            sniffed.append(sniffed_loose[value])
+        elif kind == folder_walk.SUBTREE:
+            more_files, more_sniffed, more_problems = walked[value]
+            files += more_files
+            sniffed += more_sniffed
+            problems += more_problems
+        else:
+            problems.append(value)
+    return files, sniffed, problems
+
+
+def _walk_and_sniff(folder: str) -> _Walked:
+    problems: list[str] = []
+    files = folder_walk.walk(folder, problems)
+    return files, _sniff_all(files), problems
+
+
+def _walk_and_sniff_here(folder: str) -> _Walked:
+    """`_walk_and_sniff` in this process alone: what each core does with its subtrees."""
+    problems: list[str] = []
+    files = folder_walk.walk(folder, problems)
+    return files, [_sniff_found(f) for f in files], problems
 
 
 # Past this many files alike (empty, of no kind read here), the rest are counted, not listed one a line.
@@ -526,13 +497,12 @@ def _discover_folder(folder: str, problems: list[str]) -> list[Input]:
             problems.append(f"{folder}: a folder of {KERNEL_FILE.removeprefix('a file of ')}.")
             return []
     except OSError as err:
-        problems.append(_describe_os_error(folder, err))
+        problems.append(describe_os_error(folder, err))
         return []
-    walk_problems: list[str] = []
-    files = _walk(folder, walk_problems)
+    files, sniffs, walk_problems = _walked_and_sniffed(folder)
     found: list[Input] = []
     alike: list[tuple[str, str]] = []
-    for path, sniffed in zip(files, _sniff_all(files), strict=True):
+    for path, sniffed in zip(files, sniffs, strict=True):
         if isinstance(sniffed, str):
             if not _unfired_backstop(path, sniffed):
                 alike.append((path, sniffed))

@@ -138,6 +138,18 @@ def outside(target: str, what: str = "a file") -> str:
     return f"a link to {what} outside the folder given ({target}); not read — name the file itself to read it"
 
 
+def unreadable(err: OSError) -> str:
+    """Why a file cannot be read, for the user: what torchtriage refuses, or the system's reason."""
+    if isinstance(err, Refused):
+        return f"{err.strerror}."
+    hint = " (check its permissions)" if isinstance(err, PermissionError) else ""
+    return f"cannot be read: {err.strerror or type(err).__name__}{hint}."
+
+
+def describe_os_error(path: str, err: OSError) -> str:
+    return f"{path}: {unreadable(err)}"
+
+
 def _check_status(status: os.stat_result) -> None:
     if stat.S_ISDIR(status.st_mode):
         raise IsADirectoryError(errno.EISDIR, "a folder")
