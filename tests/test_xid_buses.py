@@ -143,3 +143,24 @@ def test_an_xid_with_no_set_up_lines_is_placed_by_the_pid_torchruns_report_gives
     assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", [4]), verdict["summary"]
     # Another process's pid places nothing: the Xid names no rank, and the victims are not named for it.
     assert verdict_of(tmp_path, [*timeouts, *report, xid31("9a", 4242)])["culprit_ranks"] == []
+
+
+def test_the_drivers_three_line_fallen_off_the_bus_leads_the_nccl_errors_after_it(tmp_path):
+    # kernel-open/nvidia/nv.c, where the GPU's registers read all ones: one printf of three lines, which the kernel
+    # log gives as three records, none saying "GPU has fallen off the bus"; NCCL then meets the lost device.
+    log = tmp_path / "job.log"
+    log.write_text(
+        "\n".join(
+            [init(r) for r in range(8)]
+            + [
+                "[ 1843.308145] NVRM: The NVIDIA GPU 0000:5d:00.0",
+                "[ 1843.308150] NVRM: (PCI ID: 10de:2330) installed in this system has",
+                "[ 1843.308151] NVRM: fallen off the bus and is not responding to commands.",
+                "gpu-node-17:50123:50301 [3] NCCL WARN Cuda failure 'unknown error'",
+                "[rank3]: RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled cuda error",
+            ]
+        )
+        + "\n"
+    )
+    code, verdict = triage_json(log)
+    assert (verdict["category"], verdict["confidence"]) == ("gpu_fault", "high"), verdict["summary"]
