@@ -127,3 +127,23 @@ def test_a_launchers_rank_prefix_outranks_a_logging_formats_rank_field():
         dated = "2026-11-30 04:32:11,123 - rank 7 - INFO - " + rng.choice(_MESSAGES)
         outer = normalise(layers + "RuntimeError: boom").rank
         assert normalise(layers + dated).rank == (7 if outer is None else outer), layers + dated
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[default1]:[W socket.cpp:558] [c10d] The client socket has failed to connect to [node54]:29500",
+        "[rank3]:[E1011 20:12:04.884770356 ProcessGroupNCCL.cpp:632] [Rank 3] Watchdog caught collective",
+        "3: [W1011 20:12:04.884000 4242 torch/distributed/run.py:851] Setting OMP_NUM_THREADS",
+        "(RayTrainWorker pid=1234, ip=10.0.0.5) [rank2]:[W socket.cpp:601] [c10d] The client socket",
+    ],
+)
+def test_a_container_runtimes_timestamp_leaves_the_line_as_the_process_wrote_it(line):
+    # `kubectl logs --timestamps` / `docker logs -t` put RFC 3339 in UTC with nanoseconds before every line: the
+    # launcher's prefix and c10's header still start the message, so the rank and a warning's severity are read.
+    stamped = normalise("2025-10-11T18:12:04.884770356Z " + line)
+    bare = normalise(line)
+    assert (stamped.text, stamped.rank, stamped.severity) == (bare.text, bare.rank, bare.severity)
+    assert stamped.severity is not None and stamped.rank is not None
+    later = normalise("2025-10-11T18:12:05.9Z " + line)
+    assert later.time - stamped.time == pytest.approx(1.015229644, abs=1e-6)  # one clock for every line

@@ -69,6 +69,11 @@ _ISO = re.compile(
     r"\[?(?:(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)[ T_](?P<hms>\d\d:\d\d:\d\d(?:[.,]\d+)?))"
     r"(?:Z|[+-]\d\d:?\d\d)?\]?(?:\s*[-|:]\s*|\s+)"
 )
+# The time a container runtime puts before every line it collects (`docker logs --timestamps`, `kubectl logs
+# --timestamps`: RFC 3339 with nanoseconds in UTC, then a space). It is outside what the process wrote: the
+# launcher's rank prefix and c10's header follow it as they would start a line, and its clock is the one every
+# line shares (a process's own headers may be in another zone).
+_COLLECTOR_STAMP = re.compile(r"(?P<year>\d{4})-(?P<month>\d\d)-(?P<day>\d\d)T(?P<hms>\d\d:\d\d:\d\d(?:\.\d{1,9})?)Z ")
 # A rank as a field of a Python logging format, right after its date and delimited like the fields around it
 # (`%(asctime)s - rank %(rank)s - %(levelname)s - %(message)s`: "2025-11-06 10:14:02,551 - rank 2 - ERROR - ...",
 # "... | rank=2 | ERROR | ..."). Without the delimiter after it, a rank behind a header is the message's ("[Rank 3]
@@ -147,6 +152,9 @@ def _host_end(text: str) -> int:
 def normalise(raw: str) -> Normalised:
     """Remove colour codes and peel rank prefixes and log headers off one line."""
     text = strip_ansi(raw).rstrip()
+    stamp = _COLLECTOR_STAMP.match(text)
+    if stamp:
+        text = text[stamp.end() :]
     rank: int | None = None
     time: float | None = None
     severity: str | None = None
@@ -178,4 +186,6 @@ def normalise(raw: str) -> Normalised:
                 severity, text, peeled, after_header = short.group("sev"), text[short.end() :], True, True
         if not peeled:
             break
+    if stamp:
+        time = _seconds(stamp.group("month"), stamp.group("day"), stamp.group("hms"))
     return Normalised(_nccl_tagged(text), rank, time, severity, rank_is_local)
