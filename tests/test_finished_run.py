@@ -249,3 +249,46 @@ def test_a_scheduler_that_ends_a_step_for_its_memory_says_host_oom(tmp_path):
     ]
     code, verdict = triage_json(write(tmp_path, "job.log", lines))
     assert (code, verdict["category"]) == (exit_codes.PROBLEM_FOUND, "host_oom"), verdict["summary"]
+
+
+# deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale: the scale starts at 2^initial_scale_power
+# and halves on each overflow of the first steps (logged at INFO by rank 0), then settles.
+def _overflows(scales: list[int], minute: int = 1) -> list[str]:
+    return [
+        f"[2025-11-06 09:0{minute}:{10 + i:02d},233] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! "
+        f"Rank 0 Skipping step. Attempted loss scale: {scale}, reducing to {scale // 2}"
+        for i, scale in enumerate(scales)
+    ]
+
+
+# A job stopped with Ctrl-C while it waited in a collective (torch/distributed/distributed_c10d.py all_reduce).
+INTERRUPTED = [
+    "^C",
+    "Traceback (most recent call last):",
+    '  File "/workspace/train.py", line 88, in <module>',
+    "    dist.all_reduce(loss)",
+    '  File "/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py", line 1842, in all_reduce',
+    "    work.wait()",
+    "KeyboardInterrupt",
+]
+STEPS_AFTER = [f"step {i} | loss {4.9 - i / 100:.4f} | lr 2.5e-04" for i in range(5, 60, 5)]
+
+
+def test_a_loss_scalers_calibration_that_training_went_on_after_names_no_failure(tmp_path):
+    # The warm-up's overflows, then steps with finite losses, then a job interrupted in a collective: the overflows
+    # are no failure of their own (they were the verdict, at medium: "fp16 gradient overflow"), the stop is.
+    log = [*_overflows([2**32, 2**31, 2**30]), *STEPS_AFTER, *INTERRUPTED]
+    _, verdict = triage_json(write(tmp_path, "job.log", log))
+    assert verdict["category"] == "hang", verdict["summary"]
+    shown = {f["kind"]: f["role"] for f in verdict["findings"]}
+    assert shown.get("nan_inf.loss_scale_overflow") == "collateral"
+    _, stopped = triage_json(write(tmp_path, "stopped.log", log[: -len(INTERRUPTED)]))
+    assert stopped["category"] == "hang", stopped["summary"]
+
+
+def test_overflows_to_the_end_of_training_are_still_the_failure(tmp_path):
+    # The scale halving step after step with one loss line after the last overflow: not settled, so not survived.
+    halving = _overflows([2**k for k in range(16, 6, -1)], minute=2)
+    log = [*STEPS_AFTER, *halving, "step 65 | loss 4.2000 | lr 2.5e-04", *INTERRUPTED]
+    _, verdict = triage_json(write(tmp_path, "job.log", log))
+    assert verdict["category"] == "nan_inf", verdict["summary"]

@@ -125,17 +125,23 @@ def _covering(failures: list[Failure], records: LogRecords, by_launcher: bool) -
 def survived_warnings(records: LogRecords) -> set[int]:
     """The events (by index) a program logged at Python's WARNING level (a failure it caught and reports: fairseq's
     "OOM: Ran out of memory with exception: ..." before it recovers) after which the same rank's training went on (a
-    later line of its file, of that rank, states a finite loss): the program's own judgement, borne out. Such a
-    line is no cause of a failure that came after it."""
+    later line of its file, of that rank, states a finite loss): the program's own judgement, borne out; and the
+    calibration of a loss scaler (rule `calibration`) after whose last line its training went on. Such a line is no
+    cause of a failure that came after it."""
     warned = [(i, e) for i, e in enumerate(records.events) if e.severity is None and _WARNING.match(e.text)]
-    if not warned:
+    calibrating = [(i, e) for i, e in enumerate(records.events) if e.rule.calibration]
+    if not warned and not calibrating:
         return set()
-    progress = _finite_loss_lines(records, {e.file for _, e in warned})
-    return {
-        index
-        for index, event in warned
-        if any(line > event.line and rank in (event.rank, None) for line, rank in progress.get(event.file, ()))
-    }
+    progress = _finite_loss_lines(records, {e.file for _, e in warned + calibrating})
+
+    def losses_after(event, line: int) -> int:
+        return sum(1 for at, rank in progress.get(event.file, ()) if at > line and rank in (event.rank, None))
+
+    survived = {index for index, event in warned if losses_after(event, event.line)}
+    last = {}  # the last calibration line of each file and rank: the scale settled only if training went on after it
+    for _, event in calibrating:
+        last[event.file, event.rank] = max(last.get((event.file, event.rank), -1), event.line)
+    return survived | {index for index, e in calibrating if losses_after(e, last[e.file, e.rank]) > 1}
 
 
 def _finite_loss_lines(records: LogRecords, files: set[str]) -> dict[str, list[tuple[int, int | None]]]:

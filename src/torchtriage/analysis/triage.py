@@ -66,6 +66,8 @@ class _Candidate:
     event: LogEvent | None = None
     cascade: Cascade | None = None  # the library failure whose aftermath this generic CUDA error is
     generic: bool = False  # on a line that holds a generic CUDA error (knowledge/cascades.toml)
+    # A line the job went on after, by its own account (finished_run.survived_warnings): no failure to name.
+    survived: bool = False
 
 
 # The findings that single out the culprit of a hang from the logs: the timeout readings, and the rank that left
@@ -175,7 +177,8 @@ def _of_an_earlier_boot(records: LogRecords) -> list[int]:
 
 
 def _candidates(records: LogRecords) -> list[_Candidate]:
-    roles = _effective_roles(records.events, survived_warnings(records))
+    survived = survived_warnings(records)
+    roles = _effective_roles(records.events, survived)
     generic = generic_lines(records)
     cascades = library_cascades(records, roles, generic)
     for index in cascades:
@@ -204,6 +207,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             e,
             cascades.get(index),
             (e.file, e.line) in generic,
+            index in survived,
         )
         for index, (e, role) in enumerate(zip(records.events, roles, strict=True))
     ]
@@ -670,10 +674,13 @@ def _assess_logs(records: LogRecords) -> Assessment:
         ):
             stall.findings += _findings(candidates)
             return stall
-    if not candidates:
-        return _nothing_found(records)
+    failures = [c for c in candidates if not c.survived]  # a line the job went on after names no failure
+    if not failures:
+        nothing = _nothing_found(records)
+        nothing.findings += _findings(candidates)
+        return nothing
 
-    primary, order_basis = _pick_primary(candidates)
+    primary, order_basis = _pick_primary(failures)
     outside = _own_error_outside_the_reporters(primary, candidates)
     if outside is not None:
         primary, order_basis = outside, "the one rank that failed on its own while the others waited for it or lost it"

@@ -68,6 +68,7 @@ _OPTIONAL = {
     "node_event": BOOLEAN,
     "shared_cause": BOOLEAN,
     "culprit_of": STRINGS,
+    "calibration": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -136,6 +137,10 @@ class Rule:
     # failure, the ranks that printed this line are its culprits (a rank that warned it advertises its loopback
     # address is the rank its peers cannot connect to).
     culprit_of: tuple[str, ...] = ()
+    # The line reports a step the program recovered from by itself (the fp16 loss scaler skipped it and halved its
+    # scale): normal while the scale settles. Where the same rank's training states a finite loss on more than one
+    # line after the last such line of its file, it was calibration, borne out, and causes nothing after it.
+    calibration: bool = False
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -297,6 +302,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         node_event=bool(raw.get("node_event", False)),
         shared_cause=bool(raw.get("shared_cause", False)),
         culprit_of=tuple(raw.get("culprit_of", [])),
+        calibration=bool(raw.get("calibration", False)),
     )
 
 
