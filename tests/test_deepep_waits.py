@@ -46,3 +46,22 @@ def test_a_kernel_timeout_names_no_printer_and_the_low_latency_receive_names_its
     assert triage_json(write(tmp_path, [senders]))[1]["culprit_ranks"] == []
     receive = "[rank6]:Warning: DeepEP timeout for combine receive, rank 6, local_expert_idx 2, src_rank 1"
     assert triage_json(write(tmp_path, [receive]))[1]["culprit_ranks"] == [1]
+
+
+def test_a_notify_timeout_leads_the_nccl_timeouts_of_the_peers_it_left_waiting(tmp_path):
+    # The notify reduction's printf ("DeepEP notify (GPU reduction) timeout, rank: %d/%d, thread: %d, status: %d | %d,
+    # expected: %d") then trap(); the other ranks wait in their next NCCL collective until the watchdog ends it.
+    notify = [
+        f"[rank{r}]:DeepEP notify (GPU reduction) timeout, rank: {r}/8, thread: {t}, status: 7 | 0, expected: 8"
+        for r in (2, 3)
+        for t in (0, 4)
+    ]
+    watchdog = [
+        f"[rank{r}]:[E1106 10:24:03.902117365 ProcessGroupNCCL.cpp:632] [Rank {r}] Watchdog caught collective "
+        "operation timeout: WorkNCCL(SeqNum=4410, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran "
+        "for 600012 milliseconds before timing out."
+        for r in (0, 1, 4, 5, 6, 7)
+    ]
+    code, verdict = triage_json(write(tmp_path, notify + watchdog))
+    assert verdict["category"] == "deepep", verdict["summary"]
+    assert verdict["culprit_ranks"] == [], verdict["summary"]  # the printers waited for a peer the line does not name
