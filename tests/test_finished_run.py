@@ -107,6 +107,24 @@ def test_the_kills_after_a_scheduler_ended_the_job_are_its_not_an_out_of_memory_
     assert triage_json(write(tmp_path, "bare.log", [*STEPS, killed]))[1]["category"] == "host_oom"
 
 
+def test_a_step_srun_ended_itself_after_a_task_failed_is_that_tasks_failure_not_the_schedulers(tmp_path):
+    # srun --kill-on-bad-exit (src/srun/launch.c _step_signal: "Terminating %ps"): task 1 ended with exit code 1,
+    # srun ended the step, slurmstepd reports the step cancelled and srun the other tasks terminated.
+    ended_by_srun = [
+        "srun: error: gpu-cc01: task 1: Exited with exit code 1",
+        "srun: Terminating StepId=771203.0",
+        "slurmstepd: error: *** STEP 771203.0 ON gpu-cc01 CANCELLED AT 2025-10-05T06:10:41 ***",
+        "srun: error: gpu-cc01: tasks 0,2-7: Terminated",
+        "srun: Force Terminated StepId=771203.0",
+    ]
+    nan = ["1: Loss is nan, stopping training", "1: {'loss_ce': tensor(nan, device='cuda:1')}"]
+    code, verdict = triage_json(write(tmp_path, "job.log", [*STEPS, *nan, *ended_by_srun]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nan_inf", [1]), verdict["summary"]
+    # A step cancelled with no word from srun first (scancel, a time limit) is the scheduler's end.
+    _, cancelled = triage_json(write(tmp_path, "cancelled.log", [*STEPS, *ended_by_srun[2:]]))
+    assert cancelled["findings"][0]["kind"] == "logs.scheduler_cancelled", cancelled["summary"]
+
+
 def test_deepspeeds_teardown_is_no_kill_where_its_exit_code_is_an_exceptions(tmp_path):
     # deepspeed/launcher/launch.py sigkill_handler: "Killing subprocess {pid}" for each rank, then
     # "{cmd} exits with return code = {code}": 1 is Python's uncaught exception, -9 a SIGKILL.

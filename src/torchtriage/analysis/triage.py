@@ -82,7 +82,7 @@ def _effective_roles(events: list[LogEvent], survived: set[int]) -> list[str]:
     roles = []
     for index, event in enumerate(events):
         explained = any(cat in present and cat != event.rule.category for cat in event.rule.collateral_of)
-        role = "collateral" if explained or index in survived else event.rule.role
+        role = "collateral" if explained or index in survived or event.aftermath else event.rule.role
         if role == "primary" and event.severity == "I":
             role = "symptom"  # a line logged at INFO level reports; it is not the failure itself
         elif role != "collateral" and event.severity == "W":

@@ -242,8 +242,15 @@ class Matcher:
             for rule in self.rules
             for text in rule.superseded_by
         }
+        self.aftermath_markers = {
+            text: [r.id for r in self.rules if text in r.aftermath_after]
+            for rule in self.rules
+            for text in rule.aftermath_after
+        }
         # "$": the marker ends the line; the text before it is what the line holds
-        self._superseding_words = [marker.removesuffix("$") for marker in self.superseding]
+        self._superseding_words = [marker.removesuffix("$") for marker in self.superseding] + list(
+            self.aftermath_markers
+        )
         self._prefilter_words = list(by_anchor) + self._superseding_words + list(STRUCTURE_MARKERS)
         self.prefilter = compile_prefilter(self._prefilter_words)
         self._phrase_heads = {
@@ -354,3 +361,7 @@ class Matcher:
     def superseded_rules(self, text: str) -> list[str]:
         """Ids of the rules whose earlier lines `text` withdraws."""
         return [rule_id for marker, ids in self.superseding.items() if _supersedes(marker, text) for rule_id in ids]
+
+    def rules_in_aftermath(self, text: str) -> list[str]:
+        """Ids of the rules whose later lines `text` makes the aftermath of what it says (`aftermath_after`)."""
+        return [rule_id for marker, ids in self.aftermath_markers.items() if marker in text for rule_id in ids]

@@ -58,6 +58,7 @@ _OPTIONAL = {
     "example_facts": STRING_TABLE,
     "collateral_of": STRINGS,
     "superseded_by": STRINGS,
+    "aftermath_after": STRINGS,
     "rank_fact": STRING,
     "ratio": TABLE,
     "ending": BOOLEAN,
@@ -96,6 +97,10 @@ class Rule:
     # Literal text that, appearing later in the same file, withdraws this rule's lines: for rules that
     # describe where a log stops ("NCCL initialised, then nothing"), a later sign of progress refutes them.
     superseded_by: tuple[str, ...] = ()
+    # Literal text that, appearing earlier in the same file, makes this rule's later lines the aftermath of what it
+    # says: srun's "Terminating StepId=..." is srun ending the step itself (--kill-on-bad-exit, after a task
+    # failed), so the step's cancel that slurmstepd reports next is no scheduler's decision.
+    aftermath_after: tuple[str, ...] = ()
     # The fact that names the rank a line is about, when that is not the rank that printed it
     # (a rank-0 report naming the slowest rank).
     rank_fact: str | None = None
@@ -289,6 +294,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         example_facts={str(k): str(v) for k, v in (raw.get("example_facts") or {}).items()},
         collateral_of=tuple(raw.get("collateral_of", [])),
         superseded_by=tuple(raw.get("superseded_by", [])),
+        aftermath_after=tuple(raw.get("aftermath_after", [])),
         rank_fact=raw.get("rank_fact"),
         ratio=_ratio(raw.get("ratio"), where),
         found_by=raw.get("found_by"),

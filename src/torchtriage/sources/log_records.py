@@ -46,6 +46,7 @@ class LogEvent:
     text: str
     order: int  # position in reading order across all inputs
     severity: str | None = None  # glog's I/W/E/F (or the logger's level) where the line carries one
+    aftermath: bool = False  # after a line of its file that says what it is the aftermath of (`aftermath_after`)
 
 
 @dataclass
@@ -235,6 +236,7 @@ class _FileReader:
         self.report_mode: bool | None = None  # None outside torchrun's report, else "is root cause"
         self.report_entry: ChildFailure | None = None
         self.superseded_before: dict[str, int] = {}  # rule id -> last line that withdraws it
+        self.aftermath_from: dict[str, int] = {}  # rule id -> first line after which its lines are aftermath
         self.ignored_at: dict[int | None, int] = {}  # rank -> the line of its last "Exception ignored in"
         self.first_event = len(records.events)
         self.agents_seen = False  # a line only torchrun's agent prints
@@ -280,6 +282,9 @@ class _FileReader:
         if self.matcher.superseding:
             for rule_id in self.matcher.superseded_rules(text):
                 self.superseded_before[rule_id] = line_no
+        if self.matcher.aftermath_markers:
+            for rule_id in self.matcher.rules_in_aftermath(text):
+                self.aftermath_from.setdefault(rule_id, line_no)
         for found in self.matcher.match(text):
             if ended is not None and found.rule.raised_elsewhere([f.file for f in reversed(ended.frames)]):
                 continue  # the traceback this line ends was raised by a library the rule is not about
@@ -309,6 +314,7 @@ class _FileReader:
                 text=text.strip(),
                 order=len(self.records.events),
                 severity=line.severity or _level(text),
+                aftermath=line_no > self.aftermath_from.get(found.rule.id, line_no),
             )
             self.records.events.append(event)
             if by_task:
