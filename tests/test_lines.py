@@ -147,3 +147,21 @@ def test_a_container_runtimes_timestamp_leaves_the_line_as_the_process_wrote_it(
     assert stamped.severity is not None and stamped.rank is not None
     later = normalise("2025-10-11T18:12:05.9Z " + line)
     assert later.time - stamped.time == pytest.approx(1.015229644, abs=1e-6)  # one clock for every line
+
+
+@pytest.mark.parametrize(
+    "line, text",
+    [
+        ("worker-1: Traceback (most recent call last):", "Traceback (most recent call last):"),
+        ('worker-1:   File "/w/train.py", line 88, in <module>', 'File "/w/train.py", line 88, in <module>'),
+        ("ip-10-42-22-17:     work.wait()", "    work.wait()"),
+        ("gpu-node-021: torch.distributed.DistBackendError: NCCL", "torch.distributed.DistBackendError: NCCL"),
+        ("node57: KeyboardInterrupt", "KeyboardInterrupt"),
+        # what is no traceback keeps the words before it: they may be the message's own
+        ("node57: step 5 loss 3.2", "node57: step 5 loss 3.2"),
+        ("RuntimeError: CUDA error: out of memory", "RuntimeError: CUDA error: out of memory"),
+    ],
+)
+def test_a_traceback_under_pdshs_host_prefix_is_read_as_a_traceback(line, text):
+    # DeepSpeed's multi-node launcher runs the ranks through pdsh, which puts "<host>: " before every line.
+    assert normalise(line).text.lstrip() == text.lstrip()

@@ -53,6 +53,12 @@ _HOST_PREFIXES = [
 ]
 _HOSTNAME = re.compile(r"[\w.-]{1,64}: ")
 _RANK_STARTS = ("[rank", "[default", "[Rank", "[RANK")
+# What pdsh (DeepSpeed's multi-node launcher) or clush puts a host before that no message starts with: a Python
+# traceback's header, its frames and their source lines (indented), and the exception line that ends it.
+_TRACEBACK_AFTER_HOST = re.compile(
+    r"Traceback \(most recent call last\):|\s{2,}\S"
+    r"|(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception|Interrupt|Exit)(?::|$)"
+)
 
 # glog (c10) headers, bracketed by torch ("[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] ")
 # or bare ("E1130 02:54:48.068043 1234 ProcessGroupNCCL.cpp:689] "); torch's Python logging uses the
@@ -139,13 +145,14 @@ def _peel_rank(text: str, rank: int | None, rank_is_local: bool) -> tuple[str, i
 
 
 def _host_end(text: str) -> int:
-    """Where a host's prefix ends at the start of `text` (one before a rank prefix), or 0."""
+    """Where a host's prefix ends at the start of `text` (one before a rank prefix or a traceback's line), or 0."""
     host = next((m for m in (p.match(text) for p in _HOST_PREFIXES) if m), None)
     if host is None:
         named = _HOSTNAME.match(text)
         # a host's name carries a digit, a dot or a dash ("node-07", "gpu12"); "RuntimeError" none
         is_host = named is not None and any(c.isdigit() or c in ".-" for c in named.group(0)[:-2])
-        host = named if is_host and text[named.end() :].startswith(_RANK_STARTS) else None
+        rest = text[named.end() :] if is_host else ""
+        host = named if rest.startswith(_RANK_STARTS) or _TRACEBACK_AFTER_HOST.match(rest) else None
     return host.end() if host is not None else 0
 
 
