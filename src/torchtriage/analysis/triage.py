@@ -78,7 +78,13 @@ _HANG_FAMILY = ("nccl_timeout", "hang")
 
 
 def _effective_roles(events: list[LogEvent], survived: set[int]) -> list[str]:
-    present = {e.rule.category for i, e in enumerate(events) if e.rule.role != "collateral" and i not in survived}
+    # The failures that can explain other lines: not a line that is aftermath itself (a rule's role, a line the job
+    # went on after, one after what it is the aftermath of) nor c10's warning, which the process carried on after.
+    present = {
+        e.rule.category
+        for i, e in enumerate(events)
+        if e.rule.role != "collateral" and i not in survived and not e.aftermath and e.severity != "W"
+    }
     roles = []
     for index, event in enumerate(events):
         explained = any(cat in present and cat != event.rule.category for cat in event.rule.collateral_of)
