@@ -134,14 +134,15 @@ def survived_warnings(records: LogRecords) -> set[int]:
         return set()
     progress = _finite_loss_lines(records, {e.file for _, e in warned + calibrating})
 
-    def losses_after(event, line: int) -> int:
-        return sum(1 for at, rank in progress.get(event.file, ()) if at > line and rank in (event.rank, None))
+    def losses_after(file: str, rank: int | None, line: int) -> int:
+        return sum(1 for at, of in progress.get(file, ()) if at > line and of in (rank, None))
 
-    survived = {index for index, event in warned if losses_after(event, event.line)}
-    last = {}  # the last calibration line of each file and rank: the scale settled only if training went on after it
-    for _, event in calibrating:
+    survived = {index for index, event in warned if losses_after(event.file, event.rank, event.line)}
+    last: dict[tuple[str, int | None], int] = {}  # each file and rank's last calibration line: the scale settled
+    for _, event in calibrating:  # only if training went on after it, counted once per file and rank
         last[event.file, event.rank] = max(last.get((event.file, event.rank), -1), event.line)
-    return survived | {index for index, e in calibrating if losses_after(e, last[e.file, e.rank]) > 1}
+    settled = {key for key, line in last.items() if losses_after(*key, line) > 1}
+    return survived | {index for index, event in calibrating if (event.file, event.rank) in settled}
 
 
 def _finite_loss_lines(records: LogRecords, files: set[str]) -> dict[str, list[tuple[int, int | None]]]:

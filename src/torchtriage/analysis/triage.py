@@ -77,26 +77,28 @@ _BLAMING_KINDS = (*TIMEOUT_KINDS, "logs.silent_rank")
 _HANG_FAMILY = ("nccl_timeout", "hang")
 
 
+def _own_role(event: LogEvent, survived: bool) -> str:
+    """A line's role before any other line explains it."""
+    if survived or event.aftermath:
+        return "collateral"  # a line the job went on after, or one after what it is the aftermath of
+    role = event.rule.role
+    if role == "primary" and event.severity == "I":
+        return "symptom"  # a line logged at INFO level reports; it is not the failure itself
+    if role != "collateral" and event.severity == "W":
+        # c10's TORCH_WARN (glog's W): a warning the process carried on after (a connect retry, an IPv6
+        # socket it could not open); the failure it may lead to is logged as an error.
+        return "collateral"
+    return role
+
+
 def _effective_roles(events: list[LogEvent], survived: set[int]) -> list[str]:
-    # The failures that can explain other lines: not a line that is aftermath itself (a rule's role, a line the job
-    # went on after, one after what it is the aftermath of) nor c10's warning, which the process carried on after.
-    present = {
-        e.rule.category
-        for i, e in enumerate(events)
-        if e.rule.role != "collateral" and i not in survived and not e.aftermath and e.severity != "W"
-    }
-    roles = []
-    for index, event in enumerate(events):
-        explained = any(cat in present and cat != event.rule.category for cat in event.rule.collateral_of)
-        role = "collateral" if explained or index in survived or event.aftermath else event.rule.role
-        if role == "primary" and event.severity == "I":
-            role = "symptom"  # a line logged at INFO level reports; it is not the failure itself
-        elif role != "collateral" and event.severity == "W":
-            # c10's TORCH_WARN (glog's W): a warning the process carried on after (a connect retry, an IPv6
-            # socket it could not open); the failure it may lead to is logged as an error.
-            role = "collateral"
-        roles.append(role)
-    return roles
+    own = [_own_role(event, index in survived) for index, event in enumerate(events)]
+    # Only a line that is not aftermath itself explains others (a rule's `collateral_of`).
+    present = {event.rule.category for event, role in zip(events, own, strict=True) if role != "collateral"}
+    return [
+        "collateral" if any(cat in present and cat != event.rule.category for cat in event.rule.collateral_of) else role
+        for event, role in zip(events, own, strict=True)
+    ]
 
 
 def _endings_of_own_failures(records: LogRecords) -> list[int]:

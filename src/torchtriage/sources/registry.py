@@ -16,6 +16,7 @@ import sys
 import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import BinaryIO
 
 from torchtriage.model import SourceKind
@@ -438,7 +439,8 @@ def _walked_and_sniffed(folder: str) -> _Walked:
     pieces = folder_walk.split(folder, wanted=jobs * 4)
     subtrees = [value for kind, value in pieces if kind == folder_walk.SUBTREE]
     loose = [value for kind, value in pieces if kind == folder_walk.FILE]
-    each = map_forked(_walk_and_sniff_here, subtrees, jobs) if len(subtrees) > 1 else map(_walk_and_sniff, subtrees)
+    here_only = partial(_walk_and_sniff, here_only=True)
+    each = map_forked(here_only, subtrees, jobs) if len(subtrees) > 1 else map(_walk_and_sniff, subtrees)
     walked = dict(zip(subtrees, each, strict=True))
     sniffed_loose = dict(zip(loose, _sniff_all(loose), strict=True))
     files: list[str] = []
@@ -458,17 +460,12 @@ def _walked_and_sniffed(folder: str) -> _Walked:
     return files, sniffed, problems
 
 
-def _walk_and_sniff(folder: str) -> _Walked:
+def _walk_and_sniff(folder: str, here_only: bool = False) -> _Walked:
+    """The walk of `folder` and each file's sniff, on every core, or in this process alone (`here_only`: what each
+    core does with its subtrees)."""
     problems: list[str] = []
     files = folder_walk.walk(folder, problems)
-    return files, _sniff_all(files), problems
-
-
-def _walk_and_sniff_here(folder: str) -> _Walked:
-    """`_walk_and_sniff` in this process alone: what each core does with its subtrees."""
-    problems: list[str] = []
-    files = folder_walk.walk(folder, problems)
-    return files, [_sniff_found(f) for f in files], problems
+    return files, [_sniff_found(f) for f in files] if here_only else _sniff_all(files), problems
 
 
 # Past this many files alike (empty, of no kind read here), the rest are counted, not listed one a line.
