@@ -80,6 +80,28 @@ def test_where_a_stack_shows_the_culprit_outside_any_collective_it_is_named(scor
     assert shown and len(missed) <= 0.05 * len(shown), _listed(missed)
 
 
+def test_a_rank_that_died_or_exited_under_run_is_named_by_the_record_it_left_as_it_started(scored):
+    """`torchtriage run` has each rank record itself as it starts, and its watchdog asks every living rank for its
+    stack: a rank with a record and no stack is gone, on gloo too (whose dumps name no group's members)."""
+    gone = [(c, s) for c, s in scored if c.layout.stacks == "watchdog" and c.departure.kind in ("die", "exit")]
+    missed = [(c, s) for c, s in gone if s.outcome != "right"]
+    assert sum(c.backend == "gloo" for c, _ in gone) >= 20 and not missed, _listed(missed)
+
+
+def test_gloo_dumps_alone_say_a_rank_above_the_highest_that_dumped_holds_a_collective_all_others_joined(scored):
+    """gloo's dumps name no group's members nor the world: the highest rank, gone, leaves no trace. Where every
+    rank that dumped joined the op its peers wait in, alike and with no root to differ on, the verdict says a rank
+    above the highest that dumped holds them (`candidates_above`), and never names the ranks that joined."""
+    top_gone = [
+        (c, s)
+        for c, s in scored
+        if c.backend == "gloo" and c.layout.name == "no-stacks+dumps" and c.departure.kind in ("die", "exit")
+        and c.truth.culprit == max(c.outcome.ranks)
+    ]  # fmt: skip
+    missed = [(c, s) for c, s in top_gone if s.outcome not in ("candidates", "right")]
+    assert len(top_gone) >= 5 and not missed, _listed(missed)
+
+
 def test_the_culprits_line_is_its_own_departure_point(scored):
     lines = [(case, s) for case, s in scored if s.line is not None]
     wrong = [(case, s) for case, s in lines if not s.line]

@@ -85,6 +85,9 @@ DEBUG_SERVER_WORLD_KEY = "torchtriage/debug_server/world_size"
 WATCHDOG_STORE_PREFIX = "torchtriage/watchdog/"
 # Each rank's identity record (runtime/identity.py writes it at start, sources/identity.py reads it).
 IDENTITY_SUBDIR = "identity"
+# A watchdog the program started itself (no `torchtriage run`) records where its rank runs as `run` would in a run
+# folder, in this dot folder of its own folder: `.run/identity/rank<N>.json`.
+OWN_RUN_SUBDIR = ".run"
 IDENTITY_SCHEMA = "torchtriage.identity/1"
 # The launcher's count of restarts of the workers (torchelastic sets it in every worker: 0, 1, 2 ...).
 RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"

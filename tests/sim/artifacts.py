@@ -7,7 +7,8 @@
   recorded an op of; a ring buffer that may have dropped the oldest entries;
 - stacks: `py-spy dump` text (short file names, native frames with --native) and `--json --locals`, as
   `torchtriage diagnose --pid` captures them beside its `summary.json`; or the hang watchdog's own text
-  form (full paths, the c10d call's arguments), as `torchtriage run` leaves them in `hang/`;
+  form (full paths, the c10d call's arguments), as `torchtriage run` leaves them in `hang/`, beside the identity
+  record each rank wrote as it started (`identity/rank<N>.json`, the dead and exited ranks' too);
 - logs: NCCL's watchdog timeout line of every rank whose op timed out.
 
 `Layout` says which of these a case writes: what a user has after `diagnose --pid` (bare), after
@@ -22,6 +23,9 @@ import pickle
 import random
 from dataclasses import dataclass, replace
 from pathlib import Path
+
+from torchtriage.protocol import IDENTITY_SCHEMA
+from torchtriage.runtime.identity import write_identity
 
 from .engine import Outcome, RankRun, Record, Wait
 from .frames import LOGGER, TORCH, blocked_frames, call_frames, short, waiting_frames
@@ -106,6 +110,8 @@ def write(folder: Path, program: Program, outcome: Outcome, backend: str, layout
     elif layout.stacks == "watchdog":
         hang = folder / "hang"
         hang.mkdir(parents=True, exist_ok=True)
+        for rank in outcome.ranks:  # every rank recorded where it runs as it started, the dead and exited too
+            write_identity(folder, identity(program, rank))
         for rank in alive:
             threads = _threads(program, outcome.ranks[rank], backend, layout, rng, watchdog=True)
             (hang / f"rank{rank:02d}.txt").write_text(watchdog_text(rank, threads))
@@ -450,6 +456,24 @@ def watchdog_text(rank: int, threads: list[Thread]) -> str:
                     lines.append(f"            {name}: {value}")
         lines.append("")
     return "\n".join(lines)
+
+
+def identity(program: Program, rank: int) -> dict:
+    """The record `torchtriage run` has each rank write as it starts (runtime/identity.py's fields)."""
+    return {
+        "schema": IDENTITY_SCHEMA,
+        "rank": rank,
+        "local_rank": rank,
+        "world_size": program.mesh.size,
+        "host": "node-a",
+        "pid": PID_BASE + rank,
+        "attempt": 0,
+        "restart_count": 0,
+        "run_id": "sim",
+        "cuda_visible_devices": None,
+        "started_at": "2026-12-01T00:00:00Z",
+        "gpu": None,
+    }
 
 
 def _summary(program: Program, alive: list[int]) -> dict:

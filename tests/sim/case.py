@@ -7,7 +7,8 @@ of a verdict against that truth.
 
 Scores:
 - `right`: the verdict names the culprit alone;
-- `candidates`: it names no culprit but candidates that hold it (what an undecidable case should get);
+- `candidates`: it names no culprit but candidates that hold it (what an undecidable case should get), or says
+  that a rank above the highest that left a dump holds the others (`candidates_above`), where the culprit is one;
 - `imprecise`: it names the culprit among other ranks, as culprits;
 - `wrong`: it names culprits, none of them the culprit (a healthy rank blamed);
 - `miss`: it names neither the culprit nor candidates holding it.
@@ -138,8 +139,8 @@ def score(case: Case, verdict: dict) -> Score:
         outcome = "imprecise"
     elif named:
         outcome = "wrong"
-    elif culprit in candidates:
-        outcome = "candidates"
+    elif culprit in candidates or culprit > facts.get("candidates_above", culprit):
+        outcome = "candidates"  # named among candidates, or a rank above the highest that left a dump
     else:
         outcome = "miss"
     return Score(outcome, str(verdict.get("confidence")), _line(case.truth, facts, named), named, candidates)

@@ -106,7 +106,9 @@ def _token(record: Record, backend: str) -> tuple:
 def _visible_by(program, departure, outcome: Outcome, healthy: Outcome, backend: str, layout: Layout, gone) -> str:
     culprit = departure.rank
     if culprit in gone:
-        knows_world = layout.stacks == "pyspy" or (layout.dumps and backend == "nccl")
+        # py-spy's capture knows the node's ranks, `run` has each rank record itself as it starts, NCCL's dumps
+        # list each group's ranks; gloo's dumps alone know no rank that left none.
+        knows_world = layout.stacks is not None or (layout.dumps and backend == "nccl")
         in_a_gap = culprit < max(outcome.ranks)  # a rank below the highest one that left artifacts
         return "absence" if knows_world or in_a_gap else ""
     run, usual = outcome.ranks[culprit], healthy.ranks[culprit]

@@ -34,6 +34,9 @@ RESTATED_CONFIDENCE = "watchdog_confidence"
 # rank must make): two sources that decided by one premise are one witness, never two that agree.
 PREMISE = "premise"
 ALL_RANK_CALLS = "calls every rank must make (knowledge/frames.toml [[all_rank_calls]])"
+# A rank named for the files it did not leave: no flight-recorder dump, no stack from an armed run's watchdog (which
+# writes both). One absence seen twice is one witness; a capture that found no process (/proc) is another.
+LEFT_NOTHING = "a rank that left no file of its own"
 
 
 class Reading(Protocol):

@@ -1144,7 +1144,7 @@ def _graph_facts(graph, programs, groups: dict, dumps: dict[int, RankDump], lead
     """The graph's verdict for JSON readers: the op the culprit issued (`pg`, `seq`, its frame), and the op
     its peers wait in for it (`peers_wait_in`)."""
     facts: dict = {"decided_by": graph.decided_by}
-    for key in ("seq", "group", "candidates"):
+    for key in ("seq", "group", "candidates", "candidates_above"):
         if key in lead.facts:
             facts[key] = lead.facts[key]
     if not graph.culprits:

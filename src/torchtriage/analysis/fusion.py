@@ -252,6 +252,8 @@ def fuse(
         if candidates and (not culprits or set(culprits) < set(candidates)):
             # No culprit, or one the evidence cannot tell from the other candidates (it leads at low confidence).
             facts["candidates"] = candidates
+        if not culprits and lead.facts.get("candidates_above") is not None:
+            facts["candidates_above"] = lead.facts["candidates_above"]  # a rank above this one, unnamed
 
     summary = lead.summary
     stacks = present.get("stacks")

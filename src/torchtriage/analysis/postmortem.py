@@ -8,6 +8,7 @@ outranks the hang it caused, and the hang outranks a straggler's skew.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +81,9 @@ def _stacks(found: RunInputs, run: RunAnalysis) -> Assessment:
     gone, stopped, job = _not_sampled(found)
     gone = {rank: why for rank, why in gone.items() if rank not in run.stacks}
     stopped = {rank: why for rank, why in stopped.items() if rank not in run.stacks}
-    assessment = assess_stacks(analyze_stacks(run.stacks, gone, stopped, job), files=found.files(*STACK_KINDS))
+    silent = _left_no_stack(found, run.stacks)
+    analysis = analyze_stacks(run.stacks, gone, stopped, job, silent)
+    assessment = assess_stacks(analysis, files=found.files(*STACK_KINDS))
     assessment.problems += problems
     return assessment
 
@@ -93,6 +96,37 @@ def _not_sampled(found: RunInputs):
     summaries = [i.path for i in found.of(SourceKind.TORCHTRIAGE_OUTPUT) if Path(i.path).name == CAPTURE_SUMMARY]
     captures = [c for c in map(read_capture, summaries) if c is not None]
     return gone_ranks(captures), stopped_ranks(captures), job_shape(captures)
+
+
+def _left_no_stack(found: RunInputs, stacks: dict) -> dict[int, str]:
+    """Rank -> why, for the ranks of an armed run that wrote their identity record as they started but of which the
+    run's hang watchdog wrote no stack, where it wrote the other ranks'. The watchdog runs in every rank and asks
+    every living one for its stack, stalled or not: a rank with none died or exited, or hangs where its watchdog
+    cannot run. Only ranks whose record lies beside the stacks' folder count (a record of another node's run
+    folder, whose stacks are not here, says nothing)."""
+    from torchtriage.protocol import HANG_SUBDIR, OWN_RUN_SUBDIR
+    from torchtriage.sources.identity import read_identity_once
+
+    watched = {os.path.dirname(path) for path in found.files(*STACK_KINDS)}
+    silent: dict[int, str] = {}
+    for path in found.files(SourceKind.IDENTITY):
+        record = read_identity_once(path)
+        if isinstance(record, str) or record.machine.rank in stacks:
+            continue
+        run_dir = os.path.dirname(os.path.dirname(path))
+        # `run`'s watchdog writes into the run folder's hang/; one the program started writes its own folder and
+        # keeps the records in a dot folder of it.
+        own = os.path.basename(run_dir) == OWN_RUN_SUBDIR
+        beside = {os.path.join(run_dir, HANG_SUBDIR), os.path.dirname(run_dir) if own else ""}
+        if watched.isdisjoint(beside):
+            continue
+        machine = record.machine
+        where = f"pid {machine.pid}" + (f" on {machine.host}" if machine.host else "")
+        silent[machine.rank] = (
+            f"it started as {where} by its identity record, and the run's hang watchdog, which asks every living rank "
+            "for its stack, wrote none of it: it died or exited, or hangs where its watchdog cannot run"
+        )
+    return silent
 
 
 _POOL_FROM = 256  # dumps

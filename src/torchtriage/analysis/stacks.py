@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from torchtriage.analysis.confidence import ALL_RANK_CALLS, PREMISE
+from torchtriage.analysis.confidence import ALL_RANK_CALLS, LEFT_NOTHING, PREMISE
 from torchtriage.analysis.fusion import verdict_of
 from torchtriage.analysis.positions import BACKWARD_OP, P2P_OPS, classify_frames, describe, position_of
 from torchtriage.model import Assessment, Evidence, Finding, Frame, RankPosition, RankState, SourceKind, Verdict
@@ -138,12 +138,14 @@ def analyze_stacks(
     gone: Mapping[int, str] | None = None,
     stopped: Mapping[int, StoppedProcess] | None = None,
     job: JobShape | None = None,
+    silent: Mapping[int, str] | None = None,
 ) -> StackAnalysis:
     """Findings from every rank's stack: `not_in_collective`, `different_collective`, `stack_groups`, `rank_gone`
-    for the ranks of the captured nodes that have no process (`gone`: rank -> why), and `rank_stopped` for the
-    ranks a capture found stopped and could not sample (`stopped`: rank -> its process). `job`: what the captures
-    say of the whole job (its world size, whether torchrun restarted its workers)."""
-    return analyze_positions(positions(dumps), gone, stopped, job)
+    for the ranks of the captured nodes that have no process (`gone`: rank -> why) or that an armed run's hang
+    watchdog left no stack of (`silent`: rank -> why), and `rank_stopped` for the ranks a capture found stopped and
+    could not sample (`stopped`: rank -> its process). `job`: what the captures say of the whole job (its world
+    size, whether torchrun restarted its workers)."""
+    return analyze_positions(positions(dumps), gone, stopped, job, silent)
 
 
 def analyze_positions(
@@ -151,9 +153,12 @@ def analyze_positions(
     gone: Mapping[int, str] | None = None,
     stopped: Mapping[int, StoppedProcess] | None = None,
     job: JobShape | None = None,
+    silent: Mapping[int, str] | None = None,
 ) -> StackAnalysis:
     found = dict(sorted(found.items()))
     gone = dict(sorted((gone or {}).items()))
+    silent = {rank: why for rank, why in sorted((silent or {}).items()) if rank not in found and rank not in gone}
+    absent = {**gone, **silent}
     stopped = dict(sorted((stopped or {}).items()))
     groups = group_positions(found)
     waiting = [g for g in groups if g.position.waiting]
@@ -166,11 +171,12 @@ def analyze_positions(
     confidence = "low"
 
     active = any(g.position.state == COMPUTING for g in elsewhere)
-    if gone and (waiting_ranks or (found and not active)):
+    if absent and (waiting_ranks or (found and not active)):
         # A rank of the job has no process while its peers wait (or sit idle): it cannot join what they wait in.
-        culprits = sorted(gone)
-        confidence = "high" if waiting_ranks and not elsewhere else "medium"
-        findings.append(_gone_finding(gone, waiting + in_store, elsewhere))
+        # A missing stack alone is inferred (a watchdog that could not run leaves none either): medium at most.
+        culprits = sorted(absent)
+        confidence = "high" if waiting_ranks and not elsewhere and not silent else "medium"
+        findings.append(_gone_finding(gone, silent, waiting + in_store, elsewhere))
     elif stopped and waiting_ranks:
         # A stopped rank runs nothing: the others' wait cannot end before it is resumed. Its state is a fact read
         # from /proc, but that it is the one they wait for is inferred: medium, unless another source agrees.
@@ -235,7 +241,7 @@ def analyze_positions(
             findings.append(_disagreement(waiting, decided=False))
     if stopped and not any(f.kind == _STOPPED for f in findings):
         findings.append(_stopped_finding(stopped, waiting + in_store, elsewhere, blames=False))
-    findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks, unsampled=sorted({*gone, *stopped})))
+    findings.append(_stack_groups(groups, found, waiting_ranks, elsewhere_ranks, unsampled=sorted({*absent, *stopped})))
     return StackAnalysis(found, groups, findings, culprits, confidence)
 
 
@@ -291,19 +297,25 @@ def _stopped_finding(
     )
 
 
-def _gone_finding(gone: Mapping[int, str], waiting: list[StackGroup], elsewhere: list[StackGroup]) -> Finding:
-    ranks = sorted(gone)
-    why = "; ".join(f"rank {rank}: {reason}" for rank, reason in list(gone.items())[:8])
+def _gone_finding(
+    gone: Mapping[int, str], silent: Mapping[int, str], waiting: list[StackGroup], elsewhere: list[StackGroup]
+) -> Finding:
+    ranks = sorted({*gone, *silent})
+    said = []
+    for these, verbs in ((gone, ("has no process", "have no process")), (silent, ("left no stack",) * 2)):
+        if these:
+            why = "; ".join(f"rank {rank}: {reason}" for rank, reason in list(these.items())[:8])
+            said.append(f"{format_ranks(sorted(these))} {verbs[len(these) > 1]} ({why})")
     also = f"; also in no collective: {_groups_text(elsewhere)}" if elsewhere else ""
     return Finding(
         "stacks.rank_gone",
         ranks,
-        f"{format_ranks(ranks)} {'has' if len(ranks) == 1 else 'have'} no process ({why}) while the others wait: "
-        f"{_groups_text(waiting)}{also}",
+        f"{'; '.join(said)} while the others wait: {_groups_text(waiting)}{also}",
         role="primary",
         category="hang",
         evidence=_group_evidence(waiting)[:2],
-        facts={"gone": {str(rank): reason for rank, reason in gone.items()}},
+        facts={"gone": {str(rank): reason for rank, reason in {**silent, **gone}.items()}}
+        | ({} if gone else {PREMISE: LEFT_NOTHING}),
         blames=True,
     )
 

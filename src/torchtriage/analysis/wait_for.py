@@ -621,12 +621,18 @@ def _ends_without_dump(graph: WaitFor, waited: frozenset, programs: dict[int, Pr
     cannot be aligned with this rank's is unknown too, but it left a dump: the waits do not end there.)"""
     ends = [r for r in waited if not graph.edges.get(r) and graph.unknown.get(r, frozenset()) - programs.keys()]
     if not ends and waited & graph.unaccounted:
+        held = sorted(waited & graph.unaccounted)
         graph.kind, graph.decided_by = "no_dump", "undecided"
-        graph.departure = {"waiting_for_it": sorted(waited & graph.unaccounted)}
+        graph.departure = {"waiting_for_it": held}
+        if all(_rootless(programs[rank].waiting.op) for rank in held):
+            # Every member that dumped joined alike, and nothing unrecorded (a root) can differ: a member that
+            # left no dump holds them. Every rank up to the highest that dumped did: it is a rank above that one.
+            graph.departure["above"] = max(programs)
+            return graph
         # Held by a member no dump names, or by members that disagree in what the dumps do not record (a
         # broadcast's root, gloo's sends and recvs): the dumps cannot say who; the ranks in those ops are the
         # candidates, unless a member is missing.
-        graph.candidates = sorted(waited & graph.unaccounted)
+        graph.candidates = held
         return graph
     if not ends:
         return graph  # the waits end in ranks that are in a collective every member joined: a mismatch
@@ -640,6 +646,18 @@ def _ends_without_dump(graph: WaitFor, waited: frozenset, programs: dict[int, Pr
         return graph
     graph.candidates, graph.decided_by = missing, "undecided"
     return graph
+
+
+# Collectives whose members all pass alike what the recorder records, with no root or peer it leaves out: once every
+# member has issued one alike, only a member that never did keeps it from completing. (A broadcast's, reduce's,
+# gather's or scatter's root is not recorded: its members may disagree on it.)
+_ROOTLESS = ("all_reduce", "allreduce", "all_gather", "allgather", "_all_gather", "reduce_scatter",
+             "_reduce_scatter", "all_to_all", "alltoall", "barrier")  # fmt: skip
+
+
+def _rootless(op: str) -> bool:
+    inner = op[len("coalesced[") : -1].split(", ") if op.startswith("coalesced[") and op.endswith("]") else [op]
+    return all(name.startswith(_ROOTLESS) for name in inner)
 
 
 def _deadlocked(graph: WaitFor) -> list[int]:

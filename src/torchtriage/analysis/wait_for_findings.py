@@ -5,7 +5,7 @@ Pure: takes the graph and the programs `analysis.wait_for` built, and how to nam
 
 from __future__ import annotations
 
-from torchtriage.analysis.confidence import ALL_RANK_CALLS, PREMISE
+from torchtriage.analysis.confidence import ALL_RANK_CALLS, LEFT_NOTHING, PREMISE
 from torchtriage.analysis.wait_for import ALL_RANK_CALL, P2P_UNRECORDED, IssuedOp, Program, WaitFor
 from torchtriage.model import Evidence, Finding
 from torchtriage.ranks import format_ranks
@@ -62,6 +62,17 @@ def _ends(graph: WaitFor, programs: dict[int, Program], label_of, ranks: list[in
     return clauses
 
 
+def _held_in(programs: dict[int, Program], label_of, ranks: list[int]) -> str:
+    """'ranks 0-2 wait in all_gather seq 7 of mesh_cp (pg 1)', one clause per op (at most 4)."""
+    by_op: dict[str, list[int]] = {}
+    for rank in ranks:
+        op = programs[rank].waiting
+        by_op.setdefault(op.what(label_of(rank, op.group)) if op is not None else "an op", []).append(rank)
+    verb = {True: "waits", False: "wait"}
+    clauses = [f"{format_ranks(held)} {verb[len(held) == 1]} in {what}" for what, held in by_op.items()]
+    return "; ".join(clauses[:4]) + ("; ..." if len(clauses) > 4 else "")
+
+
 def _per_culprit(programs: dict[int, Program], label_of, culprits: list[int], clause: str) -> str:
     """One clause per culprit (at most 8), each naming the op it waits in: `clause` with {rank} and {op}."""
     said = []
@@ -110,11 +121,22 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
         )
         kind, evidence_ranks = "fr.not_started", culprits
     elif graph.kind == "no_dump":
-        missing = culprits or graph.candidates
+        missing = culprits or graph.departure.get("no_dump", [])  # the members known to have left no dump
         ends = graph.departure.get("waiting_for_it", [])
         waits = _waits(graph, programs, label_of, waiting) if waiting else ""
         ended = "; ".join(_ends(graph, programs, label_of, ends))
-        if not missing:
+        if not missing and "above" in graph.departure:
+            above = graph.departure["above"]
+            message = (
+                f"{_held_in(programs, label_of, ends)}: an op every rank whose dump shows its group issued alike, "
+                "with nothing the dumps leave out (a root, a peer) to differ on; such a collective "
+                "completes once its members join, so a member that left no dump holds them. Every rank up to "
+                f"{above} left one: it is a rank above {above}, which the dumps cannot name (gloo's record no "
+                "group's members, nor the job's size: its launcher's log or the run's identity records say how "
+                "many ranks it had)" + (f"; {waits}" if waits else "")
+            )
+            facts |= {"undecided": True, "candidates_above": above}
+        elif not missing:
             held = format_ranks(ends)
             message = (
                 f"{held} wait in ops every member the dumps show has issued and that never completed: the members "
@@ -130,6 +152,7 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
                 + (f"; {waits}" if waits else "")
                 + " — it died, exited or hangs where its flight recorder could not dump"
             )
+            facts[PREMISE] = LEFT_NOTHING
         else:
             message = f"the waits end in ranks that left no dump: {ended} — {format_ranks(missing)} are the candidates"
             facts |= {"undecided": True, "candidates": missing}

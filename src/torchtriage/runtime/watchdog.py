@@ -42,6 +42,7 @@ from torchtriage.protocol import (
     FR_PREFIX,
     FR_SUBDIR,
     IDENTITY_SUBDIR,
+    OWN_RUN_SUBDIR,
     RUN_DIR_ENV,
     STALL_SECONDS_ENV,
     VERDICT_STEM,
@@ -69,9 +70,6 @@ from torchtriage.runtime.stall_episodes import (
     wake_key,
 )
 
-# A watchdog the program started itself (no `torchtriage run`) records where its rank runs as `run` would in a run
-# folder, in this dot folder of out_dir: `.run/identity/rank<N>.json`.
-OWN_RUN_SUBDIR = ".run"
 _REPORT_WAIT_S = 30.0  # how long the reporter waits for the other ranks' files
 _VERDICT_TIMEOUT_S = 120.0  # how long the verdict's analysis may take, in a process of its own
 
