@@ -15,6 +15,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 from collections import Counter
 from dataclasses import replace
 from functools import partial
@@ -208,6 +209,41 @@ def test_a_rank_one_op_past_every_rank_in_the_end_phase_made_the_extra_op(seed):
     assert case.departure.kind == "extra" and scored.outcome == "right", case.describe()
     assert verdict["facts"]["flight_recorder"]["decided_by"] == "one op more than every rank that entered the new phase"
     assert verdict["confidence"] == "medium"
+
+
+def test_one_op_more_among_eight_is_named_where_its_peers_ran_out_of_ops_first():
+    """Seed 1711 (NCCL, 8 ranks of one ep group): rank 7 issued one all_to_all more, from a line it never used;
+    alike all_to_alls complete together, so its peers ran out of ops first and went idle while it waits one op
+    ahead. Read as "the idle ranks stopped issuing", seven healthy ranks were blamed; its own record shows the
+    extra op (its lines since are its peers' one seq later), and the verdict names it at its line."""
+    from torchtriage.analysis import flight_recorder, wait_for_findings
+    from torchtriage.sources.flight_recorder import load_dump_files
+
+    case, verdict, scored = _verdict_of(1711)
+    assert case.departure.kind == "extra" and len(case.outcome.ranks) == 8
+    assert (scored.outcome, scored.line) == ("right", True), verdict["summary"]
+    with tempfile.TemporaryDirectory() as folder:
+        case.write(Path(folder))
+        load = load_dump_files(sorted(str(p) for p in Path(folder, "fr").iterdir()), jobs=1)
+    dumps = {dump.rank: dump for dump in load.dumps}
+    groups = flight_recorder.build_groups(load)
+    graph, programs = flight_recorder._wait_for(load, groups, dumps)
+    assert (graph.kind, graph.culprits, graph.departure["idle"]) == ("shifted", [7], list(range(7)))
+    found = wait_for_findings.finding(graph, programs, lambda rank, name: name, lambda rank: "")
+    assert found.kind == "fr.extra_op" and "rank 7 issued one op more" in found.message
+    assert found.facts["site"].endswith(":725 in another_combine_tokens")
+
+
+@pytest.mark.parametrize("seed", [1049, 7881])
+def test_a_pipeline_of_sends_and_recvs_alone_on_nccl_is_read_from_its_pending_ops(seed):
+    """A pipeline mesh whose ranks issue sends and recvs only (no collective): NCCL records their states, and the
+    first pending one is where each rank waits. Two stages that each post their recv first (one swapped its send
+    and recv) deadlock; the one that broke its own order is named. Read as if nothing waited, the verdict said the
+    dumps agree."""
+    case, verdict, scored = _verdict_of(seed)
+    assert case.backend == "nccl" and case.departure.kind == "swap"
+    assert all(r.is_p2p for run in case.outcome.ranks.values() for r in run.records)
+    assert scored.outcome == "right", verdict["summary"]
 
 
 @pytest.mark.parametrize("seed", [2282, 3520])

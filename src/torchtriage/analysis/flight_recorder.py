@@ -905,7 +905,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
     graph_leads = graph.kind in ("cycle", "p2p", "no_dump", "stopped") or (
-        graph.kind in ("sink", "not_begun") and sorted(graph.culprits) != per_group
+        graph.kind in ("sink", "not_begun", "shifted") and sorted(graph.culprits) != per_group
     )
     if graph_leads:
         primary, collateral = [], primary + collateral
@@ -983,7 +983,9 @@ def assess_dumps(load: LoadResult) -> Assessment:
             findings[0].message += facts["departure"]
         if where is not None:
             # A rank that never enqueued the op is somewhere after its last recorded call, not at it.
-            facts["last_call_site" if lead.kind == "not_joined" else "user_frame"] = where[1].to_fact(where[0])
+            # (Unless its record shows where it left its peers' program: that is its line.)
+            last_call = lead.kind == "not_joined" and departed is None
+            facts["last_call_site" if last_call else "user_frame"] = where[1].to_fact(where[0])
         if not culprits and lead.decided_by == "undecided":
             facts["candidates"] = sorted(r for ranks in lead.sides.values() for r in ranks)
         if culprits and findings[0].role == "primary":
@@ -1094,6 +1096,8 @@ _GRAPH_CONFIDENCE = {
     "one op more than every rank that entered the new phase": "medium",
     wait_for.LEFT_EARLY: "medium",
     wait_for.LEFT_MID_STEP: "medium",
+    # Every other member agrees against it, but one story of one rank's extra op against all others' early stop.
+    wait_for.ONE_OP_AHEAD: "medium",
     # Two stories leave the same records (its loop ended sooner, or its peer's ran longer): no third rank counts.
     wait_for.LOOP_LENGTH: "low",
     "its own program order, seen once before": "medium",

@@ -258,7 +258,9 @@ def _reach(dump: RankDump, name: str) -> int | None:
 
 def records_states(dump: RankDump) -> bool:
     """Whether the recorder marks ops completed (NCCL): a rank may then have issued ops past the one it waits in."""
-    return any(not _STATELESS.issuperset(track.states) for track in dump.tracks.values())
+    if any(not _STATELESS.issuperset(track.states) for track in dump.tracks.values()):
+        return True
+    return any(record.state not in _STATELESS for records in dump.p2p.values() for record in records)
 
 
 def first_pending(dump: RankDump) -> IssuedOp | None:
@@ -280,10 +282,10 @@ def first_pending(dump: RankDump) -> IssuedOp | None:
 
 
 def _waiting(dump: RankDump, last: IssuedOp | None, stateful: bool) -> IssuedOp | None:
+    if stateful:
+        return first_pending(dump)  # a pipeline's ranks may have issued sends and recvs only
     if last is None:
         return None
-    if stateful:
-        return first_pending(dump)
     # Gloo: the groups whose pg_status counts more collectives enqueued than completed have one in flight. (It
     # counts collectives only, by op id, and only in groups with a recorded entry: a send or recv in flight
     # shows in no counter.)
@@ -521,6 +523,12 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
     if not waited:  # nobody waits for a rank with a dump: the waits may end in ranks without one
         return _ends_without_dump(graph, frozenset(graph.edges), programs)
     if sinks:
+        ahead = _one_op_ahead(graph, programs, sinks, members_of) if members_of is not None else None
+        if ahead is not None:
+            rank, extra, instead = ahead
+            graph.kind, graph.culprits, graph.decided_by = "shifted", [rank], ONE_OP_AHEAD
+            graph.departure = {"issued": extra, "peers_issued": instead, "idle": sinks}
+            return graph
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
         return graph
     not_begun = sorted(m for m in waited if programs[m].not_begun)
@@ -548,6 +556,51 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
     if not culprits:
         graph.candidates = cycle
     return graph
+
+
+ONE_OP_AHEAD = "one op more, from a call site it never used before, where every other member called another"
+
+
+def _one_op_ahead(
+    graph: WaitFor, programs: dict[int, Program], sinks: list[int], members_of
+) -> tuple[int, IssuedOp, IssuedOp] | None:
+    """One rank waits, one op past the others of its group, which are idle: either they all stopped issuing, or it
+    made one op more. Alike collectives from different lines complete together (no backend knows a call site),
+    so an extra op pairs with its peers' next one, and each later op with their one after: they run out of ops
+    first and go idle. Its own record tells: at one seq it called from a line it never used before where every
+    other member (two at least, in agreement) called from another, and from then on each of its ops came from
+    the line its peers used one seq earlier. Returns (the rank, its extra op, the op its peers issued there)."""
+    waiting = [r for r, targets in graph.edges.items() if targets]
+    if len(waiting) != 1:
+        return None
+    rank = waiting[0]
+    op = programs[rank].waiting
+    others = [m for m in members_of(rank, op.group) if m != rank]
+    if op.peer is not None or len(others) < 2 or not set(others) <= set(sinks):
+        return None
+    mine = _sites_by_seq(programs[rank], op.group, op.seq)
+    theirs = {_sites_by_seq(programs[m], op.group, op.seq) for m in others}
+    if mine is None or len(theirs) != 1 or None in theirs:
+        return None
+    peers = dict(next(iter(theirs)))
+    split = next((seq for seq, site in mine if seq in peers and site != peers[seq]), None)
+    if split is None or any(site == dict(mine)[split] for seq, site in mine if seq < split):
+        return None  # they never differ, or it had used that line before
+    later = [(seq, site) for seq, site in mine if seq > split and seq - 1 in peers]
+    if not later or any(site != peers[seq - 1] for seq, site in later):
+        return None  # its later ops are not its peers' shifted by one
+    extra = next(o for o in programs[rank].ops if o.group == op.group and o.peer is None and o.seq == split)
+    instead = next(o for o in programs[others[0]].ops if o.group == op.group and o.peer is None and o.seq == split)
+    return rank, extra, instead
+
+
+def _sites_by_seq(program: Program, group: str, below: int) -> tuple | None:
+    """The rank's (seq, call site) of the group's collectives before seq `below`, when each names its site."""
+    track = program.dump.tracks.get(group)
+    if track is None:
+        return None
+    pairs = tuple((seq, site) for seq, site in zip(track.seqs, track.sites, strict=False) if seq < below)
+    return pairs if pairs and all(site is not None for _, site in pairs) else None
 
 
 def _progress_stopped(programs: dict[int, Program], members_of, waited: frozenset) -> list[int]:

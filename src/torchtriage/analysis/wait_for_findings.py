@@ -104,6 +104,21 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
             facts |= {"seq": last[0].seq + 1, "group": label_of(culprits[0], last[0].group)}
             if last[0].site:
                 facts["site"] = last[0].site
+    elif graph.kind == "shifted":
+        rank, extra, instead = culprits[0], graph.departure["issued"], graph.departure["peers_issued"]
+        idle = graph.departure["idle"]
+        label = label_of(rank, extra.group)
+        message = (
+            f"rank {rank} issued one op more: at {extra.describe(label)}, a call it never made before, where "
+            f"{format_ranks(idle)} issued {instead.describe(label)}. Alike collectives from different lines complete "
+            "together (no backend knows a call site), so each of its later ops paired with its peers' next one, and "
+            f"its call sites since are theirs one seq later, until they ran out of ops: {format_ranks(idle)} "
+            f"{'waits' if len(idle) == 1 else 'wait'} in no collective, {_waits(graph, programs, label_of, waiting)}"
+        )
+        facts |= {"seq": extra.seq, "group": label, "issued": extra.what(label)}
+        if extra.site:
+            facts["site"] = extra.site
+        kind, evidence_ranks = "fr.extra_op", [rank, *idle]
     elif graph.kind == "stopped":
         clauses = _per_culprit(programs, label_of, culprits, "rank {rank}'s dump lists {op} as pending")
         message = (
