@@ -44,6 +44,10 @@ CULPRIT = {
 # Every rank's host waits for its GPU alike; only the flight recorder's `started` (TORCH_NCCL_ENABLE_TIMING=1,
 # the `_timing` recording) tells the rank whose device never began the all-reduce. Without it: candidates.
 DEVICE_ONLY = ("gpu_wedged",)
+# Two ranks: rank 1 in `store.get`, rank 0 in the next collective. Rank 0 went on without setting the key, or rank 1
+# skipped that collective and went on to the store: both stories leave these stacks and records (the simulator
+# draws both, tests/test_sim_hangs.py). Both are the candidates; no rank is named.
+STORE_PAIR = ("store_get", "store_get_timing")
 
 
 def recordings() -> list[tuple[str, str, str]]:
@@ -71,11 +75,20 @@ def test_the_rank_named_departed_or_the_candidates_hold_it(backend, case, mode):
 
 
 @pytest.mark.parametrize(
-    ("backend", "case"), sorted({(b, c) for b, c, m in recordings() if m == "armed" and c not in DEVICE_ONLY})
+    ("backend", "case"),
+    sorted({(b, c) for b, c, m in recordings() if m == "armed" and c not in DEVICE_ONLY + STORE_PAIR}),
 )
 def test_armed_names_the_culprit(backend, case):
     verdict = verdict_of(backend, case, "armed")
     assert verdict.culprit_ranks == [CULPRIT[case]], verdict.summary
+
+
+@pytest.mark.parametrize(("backend", "case", "mode"), [r for r in recordings() if r[1] in STORE_PAIR])
+def test_one_rank_in_the_store_against_one_in_a_collective_names_both_as_candidates(backend, case, mode):
+    verdict = verdict_of(backend, case, mode)
+    assert (verdict.culprit_ranks, verdict.confidence) == ([], "low"), verdict.summary
+    assert verdict.facts["candidates"] == [0, 1]
+    assert "one rank against one, the stacks cannot tell which" in verdict.summary
 
 
 @pytest.mark.parametrize(

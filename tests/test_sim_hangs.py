@@ -246,6 +246,23 @@ def test_a_pipeline_of_sends_and_recvs_alone_on_nccl_is_read_from_its_pending_op
     assert scored.outcome == "right", verdict["summary"]
 
 
+@pytest.mark.parametrize("seed", [3111, 7222])
+def test_one_rank_in_the_store_against_one_in_a_collective_names_no_culprit(seed):
+    """Rank 1 skipped a collective and went on to `store.get`, where it waits for rank 0's key; rank 0 waits in
+    the collective. Rank 0 going on without setting the key leaves the same stacks: both are candidates (it was
+    named at medium, wrongly, as "the only rank outside the store")."""
+    case, verdict, scored = _verdict_of(seed)
+    assert case.departure.kind == "skip" and len(case.outcome.ranks) == 2
+    assert (scored.outcome, verdict["confidence"], verdict["facts"]["candidates"]) == ("candidates", "low", [0, 1])
+
+
+def test_two_guesses_that_agree_stay_a_guess():
+    """Seed 3121: the logs guess the rank that printed nothing, the flight recorder's two stories lead with the
+    same rank at low confidence. Alike guesses are not evidence: the verdict stays low (it said high)."""
+    case, verdict, scored = _verdict_of(3121)
+    assert scored.outcome == "right" and verdict["confidence"] == "low", verdict["summary"]
+
+
 @pytest.mark.parametrize("seed", [2282, 3520])
 def test_with_the_pair_alone_a_loop_that_ended_sooner_leads_at_low_confidence_with_both_candidates(seed):
     """Two ranks: one went from the end of its step to the end of training, the other waits in the next step's

@@ -134,7 +134,8 @@ def _agreement(lead: Assessment, lead_name: str, present: dict[str, Assessment])
     agree = [name for name, ranks in named.items() if ranks == culprits and not restates_a_verdict(comparable[name])]
     # Sources that decided by one premise (a call every rank must make, read in the recorder's frames and in the
     # stacks alike) are one witness: were the premise wrong, both would be.
-    witnesses = {_premise(comparable[name]) or name for name in agree}
+    # A guess (low confidence) that agrees is said, but is no witness: two guesses alike are not evidence.
+    witnesses = {_premise(comparable[name]) or name for name in agree if comparable[name].confidence != Confidence.LOW}
     # A source that names more ranks, the lead's among them, only says less: the stacks of two ranks in two
     # groups' collectives cannot tell which departed, the flight recorder's order can.
     # A source that only guesses (low confidence) is said to differ, and lowers nothing.

@@ -322,12 +322,16 @@ def _gone_finding(
 
 def _store_verdict(in_store: list[StackGroup], waiting: list[StackGroup]) -> tuple[list[int], str, Finding]:
     """Ranks blocked in the job's store wait for a key that another rank sets: one that is not itself in a
-    store wait. One rank outside it is the one they wait for; several are candidates (any may be the setter)."""
+    store wait. One rank outside it is the one they wait for (where two or more wait for it: they did not all
+    skip the collective it waits in); several are candidates (any may be the setter), and so are the two of one
+    rank in the store against one outside."""
     stored = sorted(r for g in in_store for r in g.ranks)
     outside = sorted(r for g in waiting for r in g.ranks)
     where = _groups_text(in_store + waiting)
     verb = "waits" if len(stored) == 1 else "wait"
     head = f"{format_ranks(stored)} {verb} in the job's store for a key another rank sets: {where}"
+    if len(outside) == 1 and len(stored) == 1:
+        return _store_pair(in_store[0], waiting[0], head)
     if len(outside) == 1:
         message = (
             f"{head}. {format_ranks(outside)}, the only rank outside the store, went on without setting the key "
@@ -343,6 +347,22 @@ def _store_verdict(in_store: list[StackGroup], waiting: list[StackGroup]) -> tup
     evidence = _group_evidence(in_store + waiting)
     finding = Finding("stacks.store_wait", candidates, message, "symptom", "hang", evidence, facts)
     return [], "low", finding
+
+
+def _store_pair(stored: StackGroup, outside: StackGroup, head: str) -> tuple[list[int], str, Finding]:
+    """One rank in the store against one in a collective: each waits for the other. The one outside went on
+    without setting the key, or the one in the store skipped the collective and went on to the store; where
+    each stands in its loop, the stacks cannot say (the later line may be a pass behind): both are candidates."""
+    candidates = sorted(stored.ranks + outside.ranks)
+    message = (
+        f"{head}. Either {format_ranks(list(outside.ranks))}, the only rank outside the store, went on without "
+        f"setting the key (or set another one), or {format_ranks(list(stored.ranks))} skipped the collective the "
+        "other waits in and went on to the store: one rank against one, the stacks cannot tell which; both are "
+        "the candidates"
+    )
+    facts = {"undecided": True, "candidates": candidates}
+    evidence = _group_evidence([stored, outside])
+    return [], "low", Finding("stacks.store_wait", candidates, message, "symptom", "hang", evidence, facts)
 
 
 def _group_creation(found: Mapping[int, RankPosition]) -> tuple[list[int], str, Finding] | None:
@@ -675,8 +695,9 @@ def assess_stacks(analysis: StackAnalysis, files: list[str] | None = None) -> As
     }
     blaming = next((f for f in analysis.findings if f.blames), None)
     undecided = next((f for f in analysis.findings if f.facts.get("undecided")), None)
-    if not analysis.culprit_ranks and undecided is not None:
-        facts["candidates"] = undecided.ranks
+    candidates = undecided.facts.get("candidates", undecided.ranks) if undecided is not None else []
+    if candidates and (not analysis.culprit_ranks or set(analysis.culprit_ranks) < set(candidates)):
+        facts["candidates"] = candidates  # none named, or a lead the evidence cannot tell from them
     culprit = next(
         (p for r in analysis.culprit_ranks if (p := analysis.positions.get(r)) is not None and p.user_frame), None
     )
