@@ -92,7 +92,8 @@ def test_a_rank_that_died_or_exited_under_run_is_named_by_the_record_it_left_as_
 def test_gloo_dumps_alone_say_a_rank_above_the_highest_that_dumped_holds_a_collective_all_others_joined(scored):
     """gloo's dumps name no group's members nor the world: the highest rank, gone, leaves no trace. Where every
     rank that dumped joined the op its peers wait in, alike and with no root to differ on, the verdict says a rank
-    above the highest that dumped holds them (`candidates_above`), and never names the ranks that joined."""
+    above the highest that dumped holds them (`candidates_above`), the ranks that joined candidates only where
+    that rank's dump was lost and it waits for them; it names no culprit."""
     top_gone = [
         (c, s)
         for c, s in scored
@@ -171,6 +172,17 @@ def test_a_lost_dump_that_was_once_blamed_is_not(seed):
     scored = score(case, diagnose(case))
     assert case.layout.lost(living(case.outcome)) not in scored.named, case.describe()
     assert scored.outcome != "wrong", case.describe()
+
+
+@pytest.mark.parametrize("seed", [1915, 2041, 2147])
+def test_a_majority_that_a_lost_dump_could_tie_is_no_majority(seed):
+    """A rank whose dump was lost may stand on either side of a group's split: ranks 5-7 against 0-3 with rank
+    4's dump lost is no majority of 0-3 (rank 4 beside 5-7 ties it). Counted as one, healthy ranks were named
+    beside the culprit at high confidence."""
+    case = with_lost_dump(make(seed))
+    scored = score(case, diagnose(case))
+    assert not (scored.confidence == "high" and scored.outcome != "right"), case.describe()
+    assert set(scored.named) <= {case.truth.culprit}, case.describe()
 
 
 def _named_with_every_dump(case) -> list[int]:

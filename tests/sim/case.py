@@ -8,7 +8,7 @@ of a verdict against that truth.
 Scores:
 - `right`: the verdict names the culprit alone;
 - `candidates`: it names no culprit but candidates that hold it (what an undecidable case should get), or says
-  that a rank above the highest that left a dump holds the others (`candidates_above`), where the culprit is one;
+  that a rank above the highest that left a dump may hold the others (`candidates_above`), where the culprit is one;
 - `imprecise`: it names the culprit among other ranks, as culprits;
 - `wrong`: it names culprits, none of them the culprit (a healthy rank blamed);
 - `miss`: it names neither the culprit nor candidates holding it.

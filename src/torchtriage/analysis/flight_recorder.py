@@ -396,7 +396,9 @@ def _decide(
     counts = Counter({value: len(ranks) for value, ranks in sides.items()})
     ranked = counts.most_common()
     top = ranked[0][1]
-    tied = [value for value, n in ranked if n == top]
+    # A majority holds only if the members without a dump, all on the runner-up's side, could not tie it.
+    unseen = len(_without_a_dump(group, dumps))
+    tied = [value for value, n in ranked if n + unseen >= top]
     expected: str | None
     inside = _side_inside_all_rank_call(group, seq, sides, dumps)
     if inside is not None and (len(tied) > 1 or tied[0] != inside):
@@ -419,6 +421,15 @@ def _decide(
         call = _all_rank_call_at(dumps.get(sides[expected][0]), group, seq)
         disagreement.detail = {"all_rank_call": call}
     return disagreement
+
+
+def _without_a_dump(group: Group, dumps: dict[int, RankDump]) -> set[int]:
+    """The group's members that left no dump; for a group whose members were inferred from the ranks that recorded
+    it (gloo), also every rank below the highest that dumped and left none (it may be a member)."""
+    missing = {r for r in group.members if r not in dumps}
+    if group.inferred:
+        missing |= set(range(max(dumps, default=-1) + 1)) - dumps.keys()
+    return missing
 
 
 def _break_tie(

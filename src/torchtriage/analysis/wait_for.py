@@ -679,8 +679,10 @@ def _ends_without_dump(graph: WaitFor, waited: frozenset, programs: dict[int, Pr
         graph.departure = {"waiting_for_it": held}
         if all(_rootless(programs[rank].waiting.op) for rank in held):
             # Every member that dumped joined alike, and nothing unrecorded (a root) can differ: a member that
-            # left no dump holds them. Every rank up to the highest that dumped did: it is a rank above that one.
+            # left no dump holds them. Every rank up to the highest that dumped did: it is a rank above that one,
+            # or a living rank whose dump was lost, held in an op of its own by these ranks' departure.
             graph.departure["above"] = max(programs)
+            graph.candidates = held
             return graph
         # Held by a member no dump names, or by members that disagree in what the dumps do not record (a
         # broadcast's root, gloo's sends and recvs): the dumps cannot say who; the ranks in those ops are the

@@ -148,9 +148,10 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
                 "completes once its members join, so a member that left no dump holds them. Every rank up to "
                 f"{above} left one: it is a rank above {above}, which the dumps cannot name (gloo's record no "
                 "group's members, nor the job's size: its launcher's log or the run's identity records say how "
-                "many ranks it had)" + (f"; {waits}" if waits else "")
+                f"many ranks it had); unless its dump was lost, and it waits for {format_ranks(ends)} in an op of "
+                f"its own: then {format_ranks(ends)} may have departed" + (f"; {waits}" if waits else "")
             )
-            facts |= {"undecided": True, "candidates_above": above}
+            facts |= {"undecided": True, "candidates": ends, "candidates_above": above}
         elif not missing:
             held = format_ranks(ends)
             message = (
