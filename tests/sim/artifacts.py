@@ -3,8 +3,9 @@
 - flight-recorder dumps: torch's pickle (`_dump_nccl_trace` / `_dump_fr_trace`), version 2.10: NCCL's with
   `pg_config` (name, desc, ranks of each group whose communicator exists) and sends, recvs and `coalesced`
   markers; gloo's with collectives only, the op ids of its sends and recvs skipped, every entry `scheduled`, a
-  nameless `pg_config` placeholder; `pg_status` keyed by the process-local pg id of each group the rank
-  recorded an op of; a ring buffer that may have dropped the oldest entries;
+  nameless `pg_config` placeholder holding the world's ranks (as tests/fixtures' gloo recordings do); `pg_status`
+  keyed by the process-local pg id of each group the rank recorded an op of; a ring buffer that may have dropped
+  the oldest entries;
 - stacks: `py-spy dump` text (short file names, native frames with --native) and `--json --locals`, as
   `torchtriage diagnose --pid` captures them beside its `summary.json`; or the hang watchdog's own text
   form (full paths, the c10d call's arguments), as `torchtriage run` leaves them in `hang/`, beside the identity
@@ -215,7 +216,8 @@ def _pg_config(program: Program, run: RankRun, backend: str) -> dict:
     """NCCL registers a group's ranks when it creates its communicator: at once with eager init, else at the
     group's first op (groups the job made and never used are absent)."""
     if backend != "nccl":
-        return {"": {"name": "", "desc": "", "ranks": "[]"}}  # gloo records no groups
+        # gloo records no group, but a nameless placeholder with the world's ranks (as the recordings show)
+        return {"": {"name": "", "desc": "", "ranks": str(list(range(program.mesh.size)))}}
     groups = program.mesh.groups_of(run.rank) if program.eager_init else _recorded_groups(program, run)
     return {g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.ranks))} for g in groups}
 
