@@ -3,7 +3,8 @@
 - flight-recorder dumps: torch's pickle (`_dump_nccl_trace` / `_dump_fr_trace`), version 2.10: NCCL's with
   `pg_config` (name, desc, ranks of each group whose communicator exists) and sends, recvs and `coalesced`
   markers; gloo's with collectives only, the op ids of its sends and recvs skipped, every entry `scheduled`, a
-  nameless `pg_config` placeholder holding the world's ranks (as tests/fixtures' gloo recordings do); `pg_status`
+  nameless `pg_config` placeholder holding the world's ranks until the rank makes a group of its own (then none, as
+  tests/fixtures' gloo recordings show); `pg_status`
   keyed by the process-local pg id of each group the rank recorded an op of; a ring buffer that may have dropped
   the oldest entries;
 - stacks: `py-spy dump` text (short file names, native frames with --native) and `--json --locals`, as
@@ -30,6 +31,7 @@ from torchtriage.runtime.identity import write_identity
 
 from .engine import Outcome, RankRun, Record, Wait
 from .frames import LOGGER, TORCH, blocked_frames, call_frames, short, waiting_frames
+from .mesh import WORLD
 from .program import Program
 
 VERSION = "2.10"
@@ -216,8 +218,10 @@ def _pg_config(program: Program, run: RankRun, backend: str) -> dict:
     """NCCL registers a group's ranks when it creates its communicator: at once with eager init, else at the
     group's first op (groups the job made and never used are absent)."""
     if backend != "nccl":
-        # gloo records no group, but a nameless placeholder with the world's ranks (as the recordings show)
-        return {"": {"name": "", "desc": "", "ranks": str(list(range(program.mesh.size)))}}
+        # gloo records no group, but a nameless placeholder: the world's ranks until the rank makes a group it is a
+        # member of besides the world, then none (as the recordings show: tests/test_sim_reality.py)
+        own = any(g.dim != WORLD for g in program.mesh.groups_of(run.rank))
+        return {"": {"name": "", "desc": "", "ranks": "[]" if own else str(list(range(program.mesh.size)))}}
     groups = program.mesh.groups_of(run.rank) if program.eager_init else _recorded_groups(program, run)
     return {g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.ranks))} for g in groups}
 

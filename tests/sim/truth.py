@@ -107,8 +107,8 @@ def _visible_by(program, departure, outcome: Outcome, healthy: Outcome, backend:
     culprit = departure.rank
     if culprit in gone:
         # py-spy's capture knows the node's ranks, `run` has each rank record itself as it starts, NCCL's dumps
-        # list each group's ranks and gloo's the world's (a nameless placeholder).
-        knows_world = layout.stacks is not None or layout.dumps
+        # list each group's ranks; gloo's dumps alone know no rank that left none.
+        knows_world = layout.stacks is not None or (layout.dumps and backend == "nccl")
         in_a_gap = culprit < max(outcome.ranks)  # a rank below the highest one that left artifacts
         return "absence" if knows_world or in_a_gap else ""
     run, usual = outcome.ranks[culprit], healthy.ranks[culprit]

@@ -116,9 +116,8 @@ def _seq_lookup(view: _RankView) -> dict[int, str]:
 
 
 def collective_disagreement(
-    group: Group, dumps: dict[int, RankDump], signatures: dict[str, Signature], world: frozenset[int] = frozenset()
+    group: Group, dumps: dict[int, RankDump], signatures: dict[str, Signature]
 ) -> Disagreement | None:
-    """The group's first seq where its ranks' entries differ, decided. `world`: the job's ranks, where known."""
     views: list[_RankView] = []
     starts: list[int] = []
     for rank in group.members:
@@ -159,7 +158,7 @@ def collective_disagreement(
                 if value is not _UNKNOWN:
                     sides[value].extend(ranks)
             if len(sides) > 1:
-                return _decide(group, seq, dict(sides), dumps, signatures, world)
+                return _decide(group, seq, dict(sides), dumps, signatures)
     impossible = _impossible_everywhere(group, reps, signatures)
     if impossible is not None:
         return impossible
@@ -392,18 +391,13 @@ def _departure(dump: RankDump, group: Group, seq: int, signatures: dict[str, Sig
 
 
 def _decide(
-    group: Group,
-    seq: int,
-    sides: dict[str, list[int]],
-    dumps: dict[int, RankDump],
-    signatures: dict[str, Signature],
-    world: frozenset[int] = frozenset(),
+    group: Group, seq: int, sides: dict[str, list[int]], dumps: dict[int, RankDump], signatures: dict[str, Signature]
 ) -> Disagreement:
     counts = Counter({value: len(ranks) for value, ranks in sides.items()})
     ranked = counts.most_common()
     top = ranked[0][1]
     # A majority holds only if the members without a dump, all on the runner-up's side, could not tie it.
-    unseen = len(_without_a_dump(group, dumps, world))
+    unseen = len(_without_a_dump(group, dumps))
     tied = [value for value, n in ranked if n + unseen >= top]
     expected: str | None
     inside = _side_inside_all_rank_call(group, seq, sides, dumps)
@@ -429,17 +423,12 @@ def _decide(
     return disagreement
 
 
-def _placeholder_world(load: LoadResult) -> set[int]:
-    """The world's ranks that gloo's nameless `pg_config` placeholder lists (it records no group's members)."""
-    return {r for dump in load.dumps for r in (load.ranks_of(dump.nameless_ranks) or ())}
-
-
-def _without_a_dump(group: Group, dumps: dict[int, RankDump], world: frozenset[int]) -> set[int]:
+def _without_a_dump(group: Group, dumps: dict[int, RankDump]) -> set[int]:
     """The group's members that left no dump; for a group whose members were inferred from the ranks that recorded
-    it (gloo), also every rank of the world (or below the highest that dumped) that left none: it may be one."""
+    it (gloo), also every rank below the highest that dumped and left none (it may be a member)."""
     missing = {r for r in group.members if r not in dumps}
     if group.inferred:
-        missing |= (world | set(range(max(dumps, default=-1) + 1))) - dumps.keys()
+        missing |= set(range(max(dumps, default=-1) + 1)) - dumps.keys()
     return missing
 
 
@@ -799,7 +788,7 @@ def build_verdict(load: LoadResult) -> Verdict:
 
 
 def _disagreements(
-    groups: dict, dumps: dict[int, RankDump], signatures: dict[str, Signature], world: frozenset[int] = frozenset()
+    groups: dict, dumps: dict[int, RankDump], signatures: dict[str, Signature]
 ) -> tuple[list[Disagreement], dict[str, list[int]]]:
     """Every group's first disagreement (collective and p2p), and the members each group has no dump of."""
     missing_by_group: dict[str, list[int]] = {}
@@ -808,8 +797,7 @@ def _disagreements(
         missing = [r for r in group.members if r not in dumps]
         if missing:
             missing_by_group[group.label] = missing
-        found_here = (collective_disagreement(group, dumps, signatures, world), p2p_disagreement(group, dumps))
-        for found in found_here:
+        for found in (collective_disagreement(group, dumps, signatures), p2p_disagreement(group, dumps)):
             if found is not None:
                 disagreements.append(found)
     return disagreements, missing_by_group
@@ -919,7 +907,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     for dump in load.dumps:
         signatures.update(dump.signatures)
     groups = build_groups(load)
-    disagreements, missing_by_group = _disagreements(groups, dumps, signatures, frozenset(_placeholder_world(load)))
+    disagreements, missing_by_group = _disagreements(groups, dumps, signatures)
     all_missing = sorted({r for ranks in missing_by_group.values() for r in ranks})
     graph, programs = _wait_for(load, groups, dumps)
     primary, collateral = _causes_and_collateral(disagreements, programs)
@@ -1138,10 +1126,9 @@ _GRAPH_CONFIDENCE = {
 
 def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
     programs = wait_for.programs_of(load)
-    # The world: every member of a group, every rank up to the highest that dumped (ranks are numbered from 0; a
-    # rank below it with no dump existed), and the world's ranks gloo's nameless placeholder lists.
+    # The world: every member of a group, and every rank up to the highest that dumped (ranks are numbered
+    # from 0; a rank below it with no dump existed).
     world = {r for g in groups.values() for r in g.members} | set(range(max(dumps, default=-1) + 1))
-    world |= _placeholder_world(load)
 
     def members_of(rank: int, name: str) -> tuple[int, ...]:
         group = groups.get(group_key(dumps[rank], name))
