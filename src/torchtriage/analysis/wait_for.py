@@ -584,14 +584,18 @@ def _one_op_ahead(
         return None
     peers = dict(next(iter(theirs)))
     split = next((seq for seq, site in mine if seq in peers and site != peers[seq]), None)
-    if split is None or any(site == dict(mine)[split] for seq, site in mine if seq < split):
+    if split is None or dict(mine)[split] in {site for seq, site in mine if seq < split}:
         return None  # they never differ, or it had used that line before
     later = [(seq, site) for seq, site in mine if seq > split and seq - 1 in peers]
     if not later or any(site != peers[seq - 1] for seq, site in later):
         return None  # its later ops are not its peers' shifted by one
-    extra = next(o for o in programs[rank].ops if o.group == op.group and o.peer is None and o.seq == split)
-    instead = next(o for o in programs[others[0]].ops if o.group == op.group and o.peer is None and o.seq == split)
+    extra, instead = (_op_at(programs[r].dump, op.group, split) for r in (rank, others[0]))
     return rank, extra, instead
+
+
+def _op_at(dump: RankDump, group: str, seq: int) -> IssuedOp:
+    """The collective of this seq in the rank's track of the group (which holds it)."""
+    return _op(dump, group, bisect_left(dump.tracks[group].seqs, seq))
 
 
 def _sites_by_seq(program: Program, group: str, below: int) -> tuple | None:
