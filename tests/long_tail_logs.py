@@ -32,6 +32,8 @@ transformed (`TRANSFORMS`), each transform alone and a random chain of them:
 - prefix:     every line of the rank under a launcher's prefix: torchrun's `[rankN]:` or `[defaultN]:`,
               srun's `N: `, mpirun's `[1,N]<stderr>:`;
 - interleave: another rank's ordinary output interleaved, both under one launcher's prefixes;
+- pdsh:       every line under the host that printed it (`node-07: `), as pdsh (DeepSpeed's multi-node runner)
+              or clush put it before each line a node's command prints, outside any launcher's prefix;
 - cascade:    the generic CUDA error's cascade appended after a library's own error (where the truth is a
               library's: DeepEP, NVSHMEM, NCCL);
 - ansi:       terminal colours around lines and words.
@@ -63,7 +65,7 @@ from long_tail_formats import (
     preamble,
 )
 
-TRANSFORMS = ("cut", "wrap", "prefix", "interleave", "cascade", "ansi")
+TRANSFORMS = ("cut", "wrap", "prefix", "interleave", "pdsh", "cascade", "ansi")
 
 
 @dataclass(frozen=True)
@@ -141,6 +143,12 @@ def prefixed(lines: list[Line], style: str, rank: int, world: int) -> list[Line]
     covered = (RANK, AGENT) if style == "srun" else (RANK,)
     prefix = prefix_of(style, rank, world)
     return [Line(prefix + line.text, line.owner) if line.owner in covered else line for line in lines]
+
+
+def pdsh(lines: list[Line], host: str) -> list[Line]:
+    """pdsh's `-S`-less output: "<host>: " before every line the node's command printed, the launcher's own
+    lines and the other ranks' of that node alike (they share the node's stdout)."""
+    return [Line(f"{host}: {line.text}", line.owner) for line in lines]
 
 
 def cut(lines: list[Line], rng: random.Random, failure_at: int) -> list[Line]:
@@ -227,6 +235,8 @@ def apply(case: Case, names: tuple[str, ...], rng: random.Random) -> str:
         lines = prefixed(lines, style, case.rank, case.world)
     if "interleave" in names:
         lines = interleave(case, lines, rng, style)
+    if "pdsh" in names:
+        lines = pdsh(lines, case.process[0])
     if "wrap" in names:
         lines = wrap(lines, shown_width(lines, rng))
     if "cut" in names:
@@ -274,6 +284,8 @@ class Outcome:
     case: Case
     # variant -> (category, confidence, summary)
     verdicts: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # variant -> the hosts the verdict names: its culprits' machines, and the host that printed the failure's line
+    hosts: dict[str, set[str]] = field(default_factory=dict)
 
     def right(self, variant: str) -> bool:
         return self.verdicts[variant][0] in self.case.accept
@@ -307,6 +319,9 @@ def outcome(case: Case) -> Outcome:
     for name, text in variants(case).items():
         verdict = triage_text(text)
         result.verdicts[name] = (str(verdict.category), str(verdict.confidence), verdict.summary)
+        failing = verdict.facts.get("failing_host") or {}
+        named = {m.host for m in verdict.culprit_machines if m.host} | {failing.get("host")}
+        result.hosts[name] = named - {None}
     return result
 
 

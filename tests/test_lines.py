@@ -165,3 +165,23 @@ def test_a_container_runtimes_timestamp_leaves_the_line_as_the_process_wrote_it(
 def test_a_traceback_under_pdshs_host_prefix_is_read_as_a_traceback(line, text):
     # DeepSpeed's multi-node launcher runs the ranks through pdsh, which puts "<host>: " before every line.
     assert normalise(line).text.lstrip() == text.lstrip()
+
+
+@pytest.mark.parametrize(
+    "line, host",
+    [
+        ("worker-1: Traceback (most recent call last):", "worker-1"),
+        ("gpu-node-021: [rank3]: torch.distributed.DistBackendError: NCCL", "gpu-node-021"),
+        ("10.0.0.5: [default1]:[rank9]: boom", "10.0.0.5"),
+        ("(RayTrainWorker pid=4242, ip=10.1.2.3) [rank1]: boom", "10.1.2.3"),
+        # a prefix that names a process only, and words that are the message's own, name no host
+        ("(pid=4242) [rank1]: boom", None),
+        ("node57: step 5 loss 3.2", None),
+        ("RuntimeError: CUDA error: out of memory", None),
+        # a host after a log header is the message's ("... connect to node-3: [rank1] ...")
+        ("[E1130 02:54:48.068043558 ProcessGroupNCCL.cpp:689] node-3: [rank1]: x", None),
+    ],
+)
+def test_the_host_a_launcher_put_before_a_line_is_kept(line, host):
+    # The machine that printed the line: what names it where no rank or report does (pdsh's one-host log).
+    assert normalise(line).host == host

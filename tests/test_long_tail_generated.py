@@ -2,11 +2,12 @@
 a library's error followed by the generic CUDA error it causes, non-finite values no message names, kills other
 launchers report, NCCL's connection lines where a log ends, rendezvous beyond TCPStore, tracebacks known by their
 frames. Each log is also read cut at its start, hard-wrapped, under a launcher's prefixes, interleaved with another
-rank's output, with the generic CUDA cascade after a library's own error, and in colour.
+rank's output, under pdsh's host prefix, with the generic CUDA cascade after a library's own error, and in colour.
 
 What a user relies on: the verdict names the failure's category (or one of the answers the case accepts); a
 wrong verdict never says confidence high; and none of those transforms, which change how a log was captured and
-not what failed, turns a right verdict wrong.
+not what failed, turns a right verdict wrong; under pdsh's prefix the verdict names the host that printed the lines
+and no other.
 
 TORCHTRIAGE_LONG_TAIL_CASES seeds (default 300, seconds on one core), then every seed in
 long_tail_regressions.txt. The long run: `python tests/long_tail_logs.py --count 5000`.
@@ -52,6 +53,16 @@ def test_no_verdict_is_wrong_with_high_confidence(results):
 def test_no_transform_turns_a_right_verdict_wrong(results):
     turned = [r.describe(variant) for r in results for variant in r.turned_wrong()]
     assert not turned, "\n".join(turned)
+
+
+def test_a_host_the_verdict_names_is_the_one_that_printed_the_lines(results):
+    # Under pdsh's prefix (every line behind "<host>: "), the verdict places the failure on that host: its culprit's
+    # machine, or the host that printed the failure's line where no rank is named. Never on another host.
+    pdsh = [(r, variant) for r in results for variant in r.verdicts if "pdsh" in variant.split("+")]
+    elsewhere = [f"{r.describe(v)} names {sorted(r.hosts[v])}" for r, v in pdsh if r.hosts[v] - {r.case.process[0]}]
+    assert not elsewhere, "\n".join(elsewhere)
+    placed = [1 for r, v in pdsh if r.hosts[v] == {r.case.process[0]}]
+    assert len(placed) >= len(pdsh) / 2, f"{len(placed)} of {len(pdsh)} variants under pdsh name their host"
 
 
 def test_values_read_from_the_tail_survive_a_hard_wrap(results):

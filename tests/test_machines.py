@@ -288,3 +288,54 @@ def test_a_post_mortem_reads_each_identity_record_once_and_a_rewritten_one_again
     (tmp_path / "identity" / "rank1.json").write_text(json.dumps(moved))
     verdict = triage_paths([str(tmp_path)])
     assert [(m.rank, m.host) for m in verdict.culprit_machines] == [(1, "n7-restarted")]
+
+
+def _pdsh_log(tmp_path: Path) -> Path:
+    # Two nodes' lines as pdsh merges them ("<host>: " before each); rank 3 fails on node-a07, and rank 0's FSDP
+    # warning, printed on node-a02, names rank 3: the line of one machine about another's rank.
+    log = tmp_path / "pdsh.log"
+    log.write_text(
+        "node-a02: [rank0]: UserWarning: Forward order differs from that of the first iteration on rank 3. "
+        "Collectives are unchecked and may give incorrect results or hang.\n"
+        "node-a07: [rank3]: Traceback (most recent call last):\n"
+        'node-a07: [rank3]:   File "/srv/job/train.py", line 40, in <module>\n'
+        "node-a07: [rank3]:     loss.backward()\n"
+        "node-a07: [rank3]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 3 has a "
+        "total capacity of 79.10 GiB of which 1.12 GiB is free.\n"
+    )
+    return log
+
+
+def test_the_host_prefix_of_the_culprits_own_lines_places_it(tmp_path):
+    log = _pdsh_log(tmp_path)
+    verdict = json.loads(run_cli("triage", log, "--json").stdout)
+    assert verdict["culprit_ranks"] == [3]
+    (machine,) = verdict["culprit_machines"]
+    assert (machine["host"], machine["sources"]) == ("node-a07", ["host_prefix"])
+    assert "machine   rank 3: host node-a07" in run_cli("triage", log).stdout.decode()
+
+
+def test_a_host_prefix_that_disagrees_places_nobody(tmp_path):
+    # The same rank printing from two machines (a restart elsewhere, or a numbering the prefix does not share):
+    # neither host is said.
+    log = _pdsh_log(tmp_path)
+    log.write_text(log.read_text() + "node-b11: [rank3]: torch.OutOfMemoryError: CUDA out of memory.\n")
+    verdict = json.loads(run_cli("triage", log, "--json").stdout)
+    assert verdict["culprit_ranks"] == [3]
+    assert verdict["culprit_machines"][0]["host"] is None
+
+
+def test_a_failure_no_rank_printed_names_the_host_that_printed_it(tmp_path):
+    # DeepSpeed's launcher over pdsh: every line of one node carries its host, none a rank.
+    log = tmp_path / "node.log"
+    log.write_text(
+        "gpu-node-17: RuntimeError: NCCL error in: ../torch/lib/c10d/ProcessGroupNCCL.cpp:825, internal error, "
+        "NCCL version 2.9.9\n"
+        "gpu-node-17: ncclInternalError: Internal check failed. This is either a bug in NCCL or due to memory "
+        "corruption\n"
+    )
+    verdict = json.loads(run_cli("triage", log, "--json").stdout)
+    assert verdict["culprit_ranks"] == []
+    assert verdict["facts"]["failing_host"] == {"host": "gpu-node-17", "file": str(log), "line": 1}
+    text = run_cli("triage", log).stdout.decode()
+    assert "machine   host gpu-node-17" in text and "no rank is named" in text

@@ -252,7 +252,7 @@ class Machine:
     An operator acts on machines (drain a host, reset a GPU), not on ranks: every verdict names the culprit's.
     `gpu_index` is the device's index in the rank's own CUDA_VISIBLE_DEVICES; the UUID and PCI bus id name the
     card as `nvidia-smi` does. `sources` says which kinds of source told (identity, capture, stacks, launcher,
-    debug_server, nccl)."""
+    debug_server, nccl, host_prefix)."""
 
     rank: int
     host: str | None = None

@@ -13,7 +13,9 @@ Each of these sources places a rank, each trusted for what it saw itself:
 - torchrun's failure report in a log (`host : node-07`, `exitcode : 1 (pid: 4242)` under each failed rank,
   the verdict's fact `launcher_processes`): where the launcher saw each failed child run;
 - NCCL's set-up lines in a log (`node-07:4242:4301 [3] NCCL INFO comm 0x... rank 11 nranks 16 ... Init
-  COMPLETE`, the verdict's fact `nccl_processes`, for its culprits): where each rank set its communicator up.
+  COMPLETE`, the verdict's fact `nccl_processes`, for its culprits): where each rank set its communicator up;
+- the host a launcher put before a culprit's own lines in a log (pdsh's or clush's `node-07: [rank3]: ...`,
+  Ray's `ip=`; the verdict's fact `prefix_hosts`): the machine that printed them.
 
 What one says first is kept and the others fill what it left unknown; each machine names the sources that
 told. A culprit no source placed keeps a Machine with nothing known, which every renderer says as such.
@@ -65,9 +67,10 @@ def from_stacks(stacks: Mapping[int, Any] | None) -> dict[int, Machine]:
     return found
 
 
-# The log analysis's facts that place ranks, and the source each names: torchrun's failure report, and NCCL's set-up
-# lines (`host:pid:tid [dev] NCCL INFO comm ... rank R nranks N ... Init COMPLETE`, for the culprits).
-_PLACING_FACTS = (("launcher_processes", "launcher"), ("nccl_processes", "nccl"))
+# The log analysis's facts that place ranks, and the source each names: torchrun's failure report, NCCL's set-up
+# lines (`host:pid:tid [dev] NCCL INFO comm ... rank R nranks N ... Init COMPLETE`, for the culprits), and the host a
+# launcher put before the culprit's own lines (pdsh's "node-07: [rank3]: ...").
+_PLACING_FACTS = (("launcher_processes", "launcher"), ("nccl_processes", "nccl"), ("prefix_hosts", "host_prefix"))
 
 
 def from_log_facts(facts: Mapping[str, Any]) -> dict[int, Machine]:

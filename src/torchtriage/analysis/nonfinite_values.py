@@ -22,9 +22,9 @@ from dataclasses import dataclass, replace
 from torchtriage.knowledge.linear_regex import compile_linear
 from torchtriage.knowledge.rules import Rule, default_rules
 from torchtriage.knowledge.stall import stall_knowledge
-from torchtriage.sources.lines import normalise, strip_ansi
+from torchtriage.sources.lines import strip_ansi
 from torchtriage.sources.log_records import LogEvent, LogRecords, LogTail
-from torchtriage.sources.logs import MAX_LINE_CHARS, WRAP_MIN_WIDTH
+from torchtriage.sources.logs import WRAP_MIN_WIDTH
 
 NONFINITE_VALUE = "nan_inf.nonfinite_value"
 LOSS_SCALE_COLLAPSE = "nan_inf.loss_scale_collapse"
@@ -138,10 +138,10 @@ def _events_of(tail: LogTail, rules: dict[str, Rule], taken: set[tuple[str, int]
     collapse = _loss_scale_collapse([text for _, text in raw])
     if collapse is not None:
         index, facts = collapse
-        line = _line(tail, raw, index)
+        line = _line(tail, index)
         if (tail.file, line.number) not in taken:
             events.append(_event(rules[LOSS_SCALE_COLLAPSE], tail.file, line, facts))
-    last_lines = (_line(tail, raw, index) for index in range(len(raw) - 1, max(-1, len(raw) - 1 - _TENSOR_ROWS), -1))
+    last_lines = (_line(tail, index) for index in range(len(raw) - 1, max(-1, len(raw) - 1 - _TENSOR_ROWS), -1))
     stop = _stops_on_a_tensor(last_lines)
     if stop is not None and not any(e.line == stop[0].number for e in events):
         line, facts = stop
@@ -154,13 +154,13 @@ def _first_strong_readings(
     tail: LogTail, raw: list[tuple[int, str]], taken: set[tuple[str, int]]
 ) -> list[tuple[_Line, _Reading]]:
     """The first lines of a tail whose values are non-finite wherever they stand (a line a rule of the same
-    family already read is left to it). Only the lines holding a token are normalised, and only until enough
-    are found: a tail of a thousand NaN rows costs a few."""
+    family already read is left to it). Only the lines holding a token are read, and only until enough are
+    found: a tail of a thousand NaN rows costs a few."""
     found = []
     for index, (_, item) in enumerate(raw):
         if not _TOKEN.search(strip_ansi(item)):
             continue
-        line = _line(tail, raw, index)
+        line = _line(tail, index)
         reading = reading_of(line.text)
         if reading is not None and reading.strong and (tail.file, line.number) not in taken:
             found.append((line, reading))
@@ -173,12 +173,10 @@ def _metric(reading: _Reading) -> dict[str, str]:
     return {"metric": reading.key} if reading.key else {}
 
 
-def _line(tail: LogTail, raw: list[tuple[int, str]], index: int) -> _Line:
-    """Line `index` of a tail's numbered lines, normalised as the scan normalises a line."""
-    number, text = raw[index]
-    line = normalise(text[:MAX_LINE_CHARS])
-    rank = line.rank if line.rank is not None else tail.rank
-    return _Line(number, line.text, rank, line.severity)
+def _line(tail: LogTail, index: int) -> _Line:
+    """Line `index` of a tail's numbered lines, normalised as the scan normalises a line (once per tail, the host
+    prefixes its lines show peeled off every one)."""
+    return _Line(*tail.lines_with_severity()[index])
 
 
 def _event(rule: Rule, file: str, line: _Line, facts: dict[str, str]) -> LogEvent:

@@ -552,6 +552,23 @@ def _nccl_processes(records: LogRecords, culprits: list[int]) -> dict[str, dict]
     }
 
 
+def _prefix_hosts(records: LogRecords, culprits: list[int]) -> dict[str, dict]:
+    """Where the host prefixes of a culprit's own lines (pdsh's "node-07: [rank3]: ...") say it ran: only lines it
+    printed (not lines naming it), and only where they name one host."""
+    hosts: dict[int, set[str]] = defaultdict(set)
+    for event in records.events:
+        names_another = bool(event.rule.rank_fact) and event.rule.rank_fact in event.facts
+        if event.host and event.rank in culprits and not names_another:
+            hosts[event.rank].add(event.host)
+    return {str(rank): {"host": next(iter(seen))} for rank, seen in hosts.items() if len(seen) == 1}
+
+
+def _failing_host(primary: _Candidate) -> dict | None:
+    """The host a launcher put before the failure's line: where it was printed, rank or no rank."""
+    host = primary.event.host if primary.event is not None else None
+    return {"host": host, "file": primary.file, "line": primary.line} if host else None
+
+
 def _child_failure_facts(failures: list[ChildFailure]) -> dict:
     exits = {}
     for failure in failures:
@@ -774,6 +791,10 @@ def _assess_logs(records: LogRecords) -> Assessment:
         blaming.blames = True
     if processes := _nccl_processes(records, culprits):
         facts["nccl_processes"] = processes
+    if hosts := _prefix_hosts(records, culprits):
+        facts["prefix_hosts"] = hosts
+    if failing_host := _failing_host(primary):
+        facts["failing_host"] = failing_host
     tb, frame = _user_frame(records, culprits, primary)
     if frame is not None:
         facts["user_frame"] = _frame_fact(tb, frame)

@@ -42,8 +42,13 @@ MACHINE_HINT = (
 
 
 def machine_lines(verdict: Verdict) -> list[str]:
-    """Where each culprit ran (host, pid, GPU), or that nothing read says; none without a culprit."""
+    """Where each culprit ran (host, pid, GPU), or that nothing read says; without a culprit, the host that printed
+    the failure's line where a launcher's prefix names it, else nothing."""
     machines = [verdict.machine_of(rank) for rank in verdict.culprit_ranks]
+    failing = verdict.facts.get("failing_host")
+    if not machines and isinstance(failing, dict) and failing.get("host"):
+        where = f"{failing.get('file')}:{failing.get('line')}"
+        return [f"host {failing['host']} printed the failure's line ({where}, its launcher's prefix); no rank is named"]
     if not machines:
         return []
     if not any(m.known for m in machines):

@@ -8,6 +8,7 @@ Real logs wrap one message in several layers, e.g.
 from __future__ import annotations
 
 import re
+from collections.abc import Container
 from dataclasses import dataclass
 
 from torchtriage.sources import limits
@@ -47,12 +48,9 @@ _ANY_RANK_PREFIX = re.compile("|".join(f"(?:{p.pattern.replace('(?P<rank>', '(')
 # What launchers and collectors put before those, naming a host or a process but no rank: pdsh/clush's
 # "10.0.0.5: " or "node-07: " (peeled only before a rank prefix: "RuntimeError: " is a message), Ray's
 # "(RayTrainWorker pid=1234, ip=10.0.0.5) " and "(pid=1234) ".
-_HOST_PREFIXES = [
-    re.compile(r"(?:\d{1,3}\.){3}\d{1,3}: "),
-    re.compile(r"\((?:[\w.-]{1,64} )?pid=\d{1,10}(?:, ip=[\d.]{7,15})?\) ?"),
-]
+_ADDRESS_PREFIX = re.compile(r"(?P<ip>(?:\d{1,3}\.){3}\d{1,3}): ")
+_RAY_PREFIX = re.compile(r"\((?:[\w.-]{1,64} )?pid=\d{1,10}(?:, ip=(?P<ip>[\d.]{7,15}))?\) ?")
 _HOSTNAME = re.compile(r"[\w.-]{1,64}: ")
-_RANK_STARTS = ("[rank", "[default", "[Rank", "[RANK")
 # What pdsh (DeepSpeed's multi-node launcher) or clush puts a host before that no message starts with: a Python
 # traceback's header, its frames and their source lines (indented), and the exception line that ends it.
 _TRACEBACK_AFTER_HOST = re.compile(
@@ -97,6 +95,9 @@ class Normalised:
     # The rank came from a launcher role's prefix (torchrun --tee's "[default3]:", `[{role}{local_rank}]:`): the
     # rank within its node, which equals the job's rank only on one node (sources/log_records.py maps it).
     rank_is_local: bool = False
+    # The host a launcher or collector put before the line (pdsh's "node-07: ", Ray's "ip=10.0.0.5"): the
+    # machine that printed it, the outermost where several are stacked.
+    host: str | None = None
 
 
 def strip_ansi(text: str) -> str:
@@ -114,6 +115,10 @@ def _seconds(month: str, day: str, hms: str) -> float:
 _NCCL_UNTAGGED = re.compile(
     r"(?P<head>[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w/.-]{1,200}:\d{1,7} )?)(?P<level>WARN|INFO) "
 )
+
+
+# NCCL's line header of any level and release ("host:pid:tid [dev] "), as the start of a line.
+_NCCL_HEADER = re.compile(r"[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] ")
 
 
 def _nccl_tagged(text: str) -> str:
@@ -144,20 +149,40 @@ def _peel_rank(text: str, rank: int | None, rank_is_local: bool) -> tuple[str, i
     return text, rank, rank_is_local, False
 
 
-def _host_end(text: str) -> int:
-    """Where a host's prefix ends at the start of `text` (one before a rank prefix or a traceback's line), or 0."""
-    host = next((m for m in (p.match(text) for p in _HOST_PREFIXES) if m), None)
-    if host is None:
-        named = _HOSTNAME.match(text)
-        # a host's name carries a digit, a dot or a dash ("node-07", "gpu12"); "RuntimeError" none
-        is_host = named is not None and any(c.isdigit() or c in ".-" for c in named.group(0)[:-2])
-        rest = text[named.end() :] if is_host else ""
-        host = named if rest.startswith(_RANK_STARTS) or _TRACEBACK_AFTER_HOST.match(rest) else None
-    return host.end() if host is not None else 0
+def _host_prefix(text: str, hosts: Container[str]) -> tuple[int, str | None]:
+    """Where a host's prefix ends at the start of `text`, or 0, and the host it names (None for Ray's
+    "(pid=1234) ", which names a process only). A name is a host's before what starts a line (`_starts_a_line`),
+    or before anything where the same file's lines already showed it is one (`hosts`): pdsh puts it before every
+    line, a kernel's printf and a progress line alike."""
+    tagged = _ADDRESS_PREFIX.match(text) or _RAY_PREFIX.match(text)
+    if tagged:
+        return tagged.end(), tagged.group("ip")
+    named = _HOSTNAME.match(text)
+    # a host's name carries a digit, a dot or a dash ("node-07", "gpu12"); "RuntimeError" none
+    name = named.group(0)[:-2] if named else ""
+    if not any(c.isdigit() or c in ".-" for c in name):
+        return 0, None
+    rest = text[named.end() :]
+    return (named.end(), name) if name in hosts or _starts_a_line(rest) else (0, None)
 
 
-def normalise(raw: str) -> Normalised:
-    """Remove colour codes and peel rank prefixes and log headers off one line."""
+def _starts_a_line(text: str) -> bool:
+    """Whether `text` starts the way a line of a process does and no message's words do: a launcher's rank prefix,
+    a Python traceback's line, NCCL's `host:pid:tid [dev]` header, or a log header with its time (c10's, Python
+    logging's). What pdsh put a host before is then known to be a line, not a message that starts with a name."""
+    return bool(
+        _ANY_RANK_PREFIX.match(text)
+        or _TRACEBACK_AFTER_HOST.match(text)
+        or _NCCL_HEADER.match(text)
+        or _GLOG.match(text)
+        or _GLOG_SHORT.match(text)
+        or _ISO.match(text)
+    )
+
+
+def normalise(raw: str, hosts: Container[str] = ()) -> Normalised:
+    """Remove colour codes and peel rank prefixes and log headers off one line; `hosts`: the names the line's file
+    already showed to be a host's prefix (`Normalised.host` of its earlier lines)."""
     text = strip_ansi(raw).rstrip()
     stamp = _COLLECTOR_STAMP.match(text)
     if stamp:
@@ -166,6 +191,7 @@ def normalise(raw: str) -> Normalised:
     time: float | None = None
     severity: str | None = None
     rank_is_local = False
+    host: str | None = None
     after_header = False  # rank markers after a log header belong to the message
     for _ in range(_MAX_LAYERS):
         peeled = False
@@ -173,9 +199,11 @@ def normalise(raw: str) -> Normalised:
         # rules read them there.
         if not after_header:
             text, rank, rank_is_local, peeled = _peel_rank(text, rank, rank_is_local)
-        if not peeled and rank is None and not after_header and (host := _host_end(text)):
-            text = text[host:]
-            continue
+        if not peeled and rank is None and not after_header:
+            end, named = _host_prefix(text, hosts)
+            if end:
+                text, host = text[end:], host or named
+                continue
         if time is None:
             match = _GLOG.match(text) or _ISO.match(text)
             if match:
@@ -195,4 +223,4 @@ def normalise(raw: str) -> Normalised:
             break
     if stamp:
         time = _seconds(stamp.group("month"), stamp.group("day"), stamp.group("hms"))
-    return Normalised(_nccl_tagged(text), rank, time, severity, rank_is_local)
+    return Normalised(_nccl_tagged(text), rank, time, severity, rank_is_local, host)

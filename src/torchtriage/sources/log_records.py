@@ -27,7 +27,7 @@ from torchtriage.sources.deepspeed_launch import DeepSpeedLaunch
 from torchtriage.sources.fields import as_int
 from torchtriage.sources.forked import can_fork, map_forked, usable_cores
 from torchtriage.sources.limits import LimitExceeded
-from torchtriage.sources.lines import normalise
+from torchtriage.sources.lines import Normalised, normalise
 from torchtriage.sources.log_head import starts_mid_message
 from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, Wrapping, rejoined, scan_lines
 from torchtriage.sources.registry import STDIN, Input, open_input
@@ -47,6 +47,7 @@ class LogEvent:
     order: int  # position in reading order across all inputs
     severity: str | None = None  # glog's I/W/E/F (or the logger's level) where the line carries one
     aftermath: bool = False  # after a line of its file that says what it is the aftermath of (`aftermath_after`)
+    host: str | None = None  # the host a launcher put before the line (pdsh's "node-07: "): the machine that printed it
 
 
 @dataclass
@@ -101,6 +102,8 @@ class LogTail:
     # The log is all here and begins inside a message (sources/log_head.py): what came before, perhaps the first
     # failure, is not in it. Read where the log is read (on every core for a folder of thousands).
     cut_at_start: bool = False
+    # The host prefixes the log's lines showed (pdsh's "node-07: "): peeled off its tail's lines as off the rest.
+    hosts: frozenset[str] = frozenset()
     _normalised: list | None = field(default=None, repr=False, compare=False)
 
     @property
@@ -133,13 +136,31 @@ class LogTail:
         Normalised once: the stall layer, the census and the account of an unknown failure all read them."""
         if self._normalised is not None:
             return self._normalised
-        out = []
+        hosts = set(self.hosts)
+        read = []
         for number, raw in self.numbered_lines():
-            line = normalise(raw[:MAX_LINE_CHARS])
+            line = normalise(raw[:MAX_LINE_CHARS], hosts)
+            if line.host is not None and len(hosts) < _MAX_HOSTS:
+                hosts.add(line.host)
+            read.append((number, raw, line))
+        if len(hosts) > len(self.hosts):
+            # A host the tail's own lines showed first (pdsh's prefix before a traceback line): the lines before
+            # that one carry it too.
+            self.hosts = frozenset(hosts)
+            read = [(n, raw, _with_host(raw, line, hosts)) for n, raw, line in read]
+        out = []
+        for number, _, line in read:
             rank = line.rank if line.rank is not None else self.rank
             out.append((number, line.text, rank, line.severity or _level(line.text)))
         self._normalised = out
         return out
+
+
+def _with_host(raw: str, line: Normalised, hosts: set[str]) -> Normalised:
+    """`line` normalised again where it starts with one of `hosts` it did not peel (the host became known later)."""
+    if line.host is not None or raw[:80].partition(": ")[0] not in hosts:
+        return line
+    return normalise(raw[:MAX_LINE_CHARS], hosts)
 
 
 # The bytes of tails kept across every log of one triage, and per log.
@@ -179,6 +200,8 @@ _EXCEPTION = re.compile(
 )
 # journalctl's separator between boots ("-- Boot 7f3a...5a6b --"; "-- Reboot --" before systemd 250): the prefilter
 # passes it (knowledge/prefilter.py).
+# A bound on the host prefixes one file's lines teach (pdsh merges a node's lines per host: a job's node count).
+_MAX_HOSTS = 4096
 _BOOT_SEPARATOR = re.compile(r"^\s*-- (?:Boot [0-9a-f]{32}|Reboot) --\s*$")
 _REPORT_FIELD = re.compile(r"^\s{2}(?P<key>time|host|rank|exitcode|error_file|traceback)\s*:\s?(?P<value>.*)$")
 _REPORT_RANK = re.compile(r"(?P<rank>\d+) \(local_rank: (?P<local_rank>\d+)\)")
@@ -245,6 +268,7 @@ class _FileReader:
         self.launch = DeepSpeedLaunch()  # DeepSpeed's launcher's processes and which exited 0
         self.named = _NamedRank(artifact.rank)  # the rank the file's name implies (settled at close)
         self.last_boot = 0  # the line of journalctl's last boot separator
+        self.hosts: set[str] = set()  # the host prefixes its lines showed (pdsh's "node-07: "), peeled from then on
 
     def reads_every_hit(self) -> bool:
         """Whether every line that holds a prefilter word is wanted, not only those that could match: a traceback
@@ -261,7 +285,9 @@ class _FileReader:
         decoded = raw[:MAX_LINE_CHARS].decode("utf-8", errors="replace")
         if not self.agents_seen and any(marker in decoded for marker in AGENT_MARKERS):
             self.agents_seen = True  # in the raw line: glog's header, which names the file, is peeled off below
-        line = normalise(decoded)
+        line = normalise(decoded, self.hosts)
+        if line.host is not None and len(self.hosts) < _MAX_HOSTS:
+            self.hosts.add(line.host)
         rank, by_name = self.named.of(line)
         text = line.text
         if self.local.read_agent_line(text):
@@ -315,6 +341,7 @@ class _FileReader:
                 order=len(self.records.events),
                 severity=line.severity or _level(text),
                 aftermath=line_no > self.aftermath_from.get(found.rule.id, line_no),
+                host=line.host,
             )
             self.records.events.append(event)
             if by_task:
@@ -610,6 +637,7 @@ def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_in
         reader.close()
         stream.close()
     log_tail = LogTail(artifact.display, reader.named.of_unprefixed(), tail.first_line, tail.data, tail.wrapping)
+    log_tail.hosts = frozenset(reader.hosts)
     log_tail.cut_at_start = starts_mid_message(log_tail)
     cut = _cut_record(log_tail)
     if cut is not None:
@@ -664,7 +692,7 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.ranks_seen,
         records.files_read,
         records.problems,
-        [(t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start) for t in records.tails],
+        [(t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start, t.hosts) for t in records.tails],
         records.launches_finished,
         records.boots,
     )

@@ -460,6 +460,15 @@ def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
     )
 
 
+def _starts_like_record(first: bytes, following: bytes, wrapping: Wrapping) -> bool:
+    """Whether `following` starts as the message's first line does: another record of the log (pdsh's `node-07: `
+    or c10's `[E0520 ` before each), though the piece before it was cut at the width. Under a program's own wrap
+    (every piece behind the launcher's prefix), what follows the prefix is compared."""
+    if wrapping.peeled:
+        first, following = _body(first), _body(following)
+    return _starts_alike(first, following)
+
+
 def _launcher(prefix: bytes) -> str:
     """Which launcher's kind of prefix (as _OUTER reads them): srun's, mpirun's, torchrun's, or colour alone."""
     if b"<std" in prefix:
@@ -500,7 +509,11 @@ def rejoined(lines: list[bytes], wrapping: Wrapping) -> Iterator[tuple[int, byte
     while index < len(lines):
         first = index
         parts = [lines[index].rstrip(b"\r")]
-        while index + 1 < len(lines) and _continues(lines[index], lines[index + 1], wrapping):
+        while (
+            index + 1 < len(lines)
+            and _continues(lines[index], lines[index + 1], wrapping)
+            and not _starts_like_record(parts[0], lines[index + 1], wrapping)
+        ):
             index += 1
             piece = lines[index].rstrip(b"\r")
             prefix = _OUTER.match(piece).group(0)
