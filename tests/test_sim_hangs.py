@@ -185,6 +185,19 @@ def test_a_majority_that_a_lost_dump_could_tie_is_no_majority(seed):
     assert set(scored.named) <= {case.truth.culprit}, case.describe()
 
 
+@pytest.mark.parametrize("seed", [677, 2962])
+def test_the_ranks_a_gloo_job_had_come_from_its_records_where_a_dump_was_lost(seed):
+    """gloo's dumps name no group's members once the job made a group of its own: the world was read as the ranks up
+    to the highest that dumped, so the highest rank's lost dump took it out of the world, and a split of the
+    world group read as a majority against a healthy rank (677: named at high beside the culprit), or the waits as
+    a deadlock across groups that named a healthy rank against the stacks (2962). The ranks' identity
+    records (`run`) and a capture's world size say the world the job had."""
+    case = with_lost_dump(make(seed))
+    assert case.backend == "gloo" and case.layout.stacks, case.describe()
+    scored = score(case, diagnose(case))
+    assert scored.named == [case.truth.culprit], f"{case.describe()} -> {scored}"
+
+
 def _named_with_every_dump(case) -> list[int]:
     whole = replace(case, layout=replace(case.layout, lost_at=None))
     return score(whole, diagnose(whole)).named

@@ -50,6 +50,7 @@ def build_groups(load: LoadResult) -> dict[tuple[str, str | None], Group]:
     """Process groups by (name, membership digest): split groups may share a name with other members."""
     dumps = load.dumps
     world_top = max((d.rank for d in dumps), default=-1)
+    known = set(load.known_ranks)
     groups: dict[tuple[str, str | None], Group] = {}
     recorded_by: dict[str, set[int]] = defaultdict(set)
     descs: dict[str, str] = {}
@@ -71,7 +72,7 @@ def build_groups(load: LoadResult) -> dict[tuple[str, str | None], Group]:
             desc = descs.get(name, "")
             if desc in _DEFAULT_PG_DESCS or (name == "0" and desc in ("", "undefined")):
                 world = load.ranks_of(dump.nameless_ranks) or range(world_top + 1)
-                members = tuple(sorted(set(world) | {d.rank for d in dumps}))
+                members = tuple(sorted(set(world) | known | {d.rank for d in dumps}))
             else:
                 members = tuple(sorted(recorded_by[name]))
             groups[(name, None)] = Group(name, desc, members, True, None)
@@ -1126,9 +1127,10 @@ _GRAPH_CONFIDENCE = {
 
 def _wait_for(load: LoadResult, groups: dict, dumps: dict[int, RankDump]):
     programs = wait_for.programs_of(load)
-    # The world: every member of a group, and every rank up to the highest that dumped (ranks are numbered
-    # from 0; a rank below it with no dump existed).
+    # The world: every member of a group, every rank up to the highest that dumped (ranks are numbered from 0; a
+    # rank below it with no dump existed), and the ranks other sources know.
     world = {r for g in groups.values() for r in g.members} | set(range(max(dumps, default=-1) + 1))
+    world |= load.known_ranks
 
     def members_of(rank: int, name: str) -> tuple[int, ...]:
         group = groups.get(group_key(dumps[rank], name))

@@ -104,7 +104,7 @@ def _left_no_stack(found: RunInputs, stacks: dict) -> dict[int, str]:
     every living one for its stack, stalled or not: a rank with none died or exited, or hangs where its watchdog
     cannot run. Only ranks whose record lies beside the stacks' folder count (a record of another node's run
     folder, whose stacks are not here, says nothing)."""
-    from torchtriage.protocol import HANG_SUBDIR, OWN_RUN_SUBDIR
+    from torchtriage.protocol import HANG_SUBDIR
     from torchtriage.sources.identity import read_identity_once
 
     watched = {os.path.dirname(path) for path in found.files(*STACK_KINDS)}
@@ -113,11 +113,10 @@ def _left_no_stack(found: RunInputs, stacks: dict) -> dict[int, str]:
         record = read_identity_once(path)
         if isinstance(record, str) or record.machine.rank in stacks:
             continue
-        run_dir = os.path.dirname(os.path.dirname(path))
-        # `run`'s watchdog writes into the run folder's hang/; one the program started writes its own folder and
-        # keeps the records in a dot folder of it.
-        own = os.path.basename(run_dir) == OWN_RUN_SUBDIR
-        beside = {os.path.join(run_dir, HANG_SUBDIR), os.path.dirname(run_dir) if own else ""}
+        # `run`'s watchdog writes into the run folder's hang/; one the program started writes its own folder.
+        folder = _folder_recorded(path)
+        own = folder != os.path.dirname(os.path.dirname(path))
+        beside = {os.path.join(folder, HANG_SUBDIR), folder if own else ""}
         if watched.isdisjoint(beside):
             continue
         machine = record.machine
@@ -127,6 +126,15 @@ def _left_no_stack(found: RunInputs, stacks: dict) -> dict[int, str]:
             "for its stack, wrote none of it: it died or exited, or hangs where its watchdog cannot run"
         )
     return silent
+
+
+def _folder_recorded(record: str) -> str:
+    """The folder an identity record (`FOLDER/identity/rank<N>.json`) belongs to: `run`'s run folder, or the
+    folder of a watchdog the program started itself, which keeps the records in a dot folder of it (`.run/`)."""
+    from torchtriage.protocol import OWN_RUN_SUBDIR
+
+    run_dir = os.path.dirname(os.path.dirname(record))
+    return os.path.dirname(run_dir) if os.path.basename(run_dir) == OWN_RUN_SUBDIR else run_dir
 
 
 _POOL_FROM = 256  # dumps
@@ -141,7 +149,28 @@ def _flight_recorder(found: RunInputs, run: RunAnalysis, meanwhile: Callable[[],
     # A few dumps load faster here than a pool starts; thousands are read on every core.
     loaded = load_dump_files(files, jobs=1 if len(files) < _POOL_FROM else None, meanwhile=meanwhile)
     run.flight_recorder = loaded.require_dumps()
+    run.flight_recorder.known_ranks = _known_ranks(found, files)
     return assess_dumps(run.flight_recorder)
+
+
+def _known_ranks(found: RunInputs, dumps: list[str]) -> frozenset[int]:
+    """The ranks the job had by what its ranks and captures say besides the dumps: the identity records of the
+    folder the dumps lie in (the world size they agree on; another run folder's say nothing of these dumps), a live
+    capture's world size."""
+    from torchtriage.sources.identity import ranks_of_the_job
+
+    dump_folders = {os.path.dirname(path) for path in dumps}
+    records = [p for p in found.files(SourceKind.IDENTITY) if _dumps_of(_folder_recorded(p)) & dump_folders]
+    world = _not_sampled(found)[2].world_size
+    return frozenset(ranks_of_the_job(records) | set(range(world or 0)))
+
+
+def _dumps_of(folder: str) -> set[str]:
+    """Where the recorder's dumps of a run folder go: the hang watchdog's (`hang/fr`), the ranks' own at exit or
+    timeout (`fr`)."""
+    from torchtriage.protocol import FR_SUBDIR, HANG_SUBDIR
+
+    return {os.path.join(folder, HANG_SUBDIR, FR_SUBDIR), os.path.join(folder, FR_SUBDIR)}
 
 
 def _logs(found: RunInputs, run: RunAnalysis) -> Assessment:

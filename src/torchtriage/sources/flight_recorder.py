@@ -1133,6 +1133,9 @@ class LoadResult:
     dumps: list[RankDump]
     problems: list[DumpProblem]
     ranks_text: dict[str, str]  # digest -> ranks text, from every dump
+    # The ranks other sources know the job had (its ranks' identity records, a live capture's world size): a rank
+    # whose dump was lost is still a member of the world, where no dump lists the world's ranks (gloo's).
+    known_ranks: frozenset[int] = frozenset()
 
     def ranks_of(self, digest: str | None) -> tuple[int, ...] | None:
         if digest is None or digest not in self.ranks_text:
