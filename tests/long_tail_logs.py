@@ -263,15 +263,21 @@ def applicable(case: Case) -> tuple[str, ...]:
 
 
 def variants(case: Case) -> dict[str, str]:
-    """The base log, each applicable transform alone, and one chain of them, by name."""
+    """The base log, each applicable transform alone, and one chain of them, by name. pdsh's prefix is drawn from a
+    random stream of its own, so that a seed's other variants are those it had before that transform existed (the
+    seeds kept in long_tail_regressions.txt name them)."""
     rng = random.Random(case.seed * 7919 + 1)
     out = {"base": apply(case, (), rng)}
-    names = applicable(case)
+    names = tuple(name for name in applicable(case) if name != "pdsh")
     for name in names:
         out[name] = apply(case, (name,), rng)
     chain = tuple(sorted(rng.sample(names, rng.randint(2, min(4, len(names))))))
     if "wrap" in chain and "ansi" in chain:  # a pasted log loses its colours; a captured one is not wrapped
         chain = tuple(name for name in chain if name != "ansi")
+    own = random.Random(case.seed * 7919 + 2)
+    out["pdsh"] = apply(case, ("pdsh",), own)
+    if own.random() < 0.5:
+        chain = tuple(sorted((*chain, "pdsh")))
     out["+".join(chain)] = apply(case, chain, rng)
     return out
 

@@ -16,11 +16,13 @@ long_tail_regressions.txt. The long run: `python tests/long_tail_logs.py --count
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 import pytest
 
-from long_tail_logs import CLASSES, TRANSFORMS, Outcome, make, outcome, regression_seeds
+from long_tail_logs import CLASSES, TRANSFORMS, Outcome, apply, make, outcome, regression_seeds
+from torchtriage.analysis.pipeline import triage_text
 
 CASES = int(os.environ.get("TORCHTRIAGE_LONG_TAIL_CASES", "300"))
 REGRESSIONS = regression_seeds(Path(__file__).parent / "long_tail_regressions.txt")
@@ -63,6 +65,17 @@ def test_a_host_the_verdict_names_is_the_one_that_printed_the_lines(results):
     assert not elsewhere, "\n".join(elsewhere)
     placed = [1 for r, v in pdsh if r.hosts[v] == {r.case.process[0]}]
     assert len(placed) >= len(pdsh) / 2, f"{len(placed)} of {len(pdsh)} variants under pdsh name their host"
+
+
+def test_a_line_that_starts_as_a_cut_record_did_is_a_record_of_its_own():
+    # Seed 528: c10's watchdog timeout and the CUDA error after it, each line behind pdsh's host, hard-wrapped. The
+    # line after a piece cut at the width started like the record's first line ("node-07: [E0520 ..."), not like
+    # the piece, and was read as its rest: the timeout and the error one message, a GPU fault at high. 40 draws of
+    # the wrap's width and the cascade's values; 9 were wrong before.
+    case = make(528)
+    for draw in range(40):
+        verdict = triage_text(apply(case, ("cascade", "pdsh", "wrap"), random.Random(draw)))
+        assert str(verdict.category) in case.accept, f"draw {draw}: {verdict.category} ({verdict.confidence})"
 
 
 def test_values_read_from_the_tail_survive_a_hard_wrap(results):
