@@ -134,6 +134,11 @@ def test_deepspeeds_teardown_is_no_kill_where_its_exit_code_is_an_exceptions(tmp
     assert triage_json(write(tmp_path, "one.log", [*kills, code.format(1)]))[1]["category"] != "host_oom"
     assert triage_json(write(tmp_path, "kill.log", [*kills, code.format(-9)]))[1]["category"] == "host_oom"
     assert triage_json(write(tmp_path, "shell.log", [*kills, code.format(137)]))[1]["category"] == "host_oom"
+    # A signal the process raises itself is its own error, no kill: SIGABRT (torch's watchdog taking the process
+    # down after its timeout, C++'s terminate), SIGSEGV, SIGBUS, SIGILL, SIGFPE.
+    for own in (-6, -11, -7, -4, -8):
+        verdict = triage_json(write(tmp_path, f"own{own}.log", [*kills, code.format(own)]))[1]
+        assert verdict["category"] != "host_oom", (own, verdict["summary"])
 
 
 # deepspeed/launcher/launch.py: the node's header before it spawns, then one line per process that exits 0.
