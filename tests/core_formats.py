@@ -19,6 +19,7 @@ saying why. The writers are listed in `WRITERS`, each with its category and the 
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -1219,9 +1220,22 @@ def w_host_oom_torchrun(job: Job) -> Failure:
         lines += cascade(job, -9, peer_lines, peers, -6, job.timeout_ms)
     if job.launcher == "ray" or rng.random() < 0.4:
         lines += oom_killer_lines(job, r)
-    if not any(line.kind in (KERNEL, AGENT, LAUNCHER) for line in lines):
+    if not _shows_the_kill(lines):  # the launcher may print no report of the culprit (launcher_end): the kernel's
         lines += oom_killer_lines(job, r)
     return Failure("host oom kill (launcher report)", lines, "host_oom")
+
+
+# How a launcher reports a child that SIGKILL ended: torchrun's "exitcode: -9" and "Signal 9 (SIGKILL)", DeepSpeed's
+# "return code = -9", srun's "Killed", mpirun's "exited on signal 9 (Killed)".
+_KILL_REPORTED = re.compile(r"-9\b|SIGKILL|signal 9|\bKilled\b")
+
+
+def _shows_the_kill(lines: list[L]) -> bool:
+    """Whether the lines show the SIGKILL at all: the kernel's OOM-killer lines, or a launcher's report of signal 9
+    (a peer's SIGABRT report alone shows only the timeout it met)."""
+    return any(
+        line.kind == KERNEL or (line.kind in (AGENT, LAUNCHER) and _KILL_REPORTED.search(line.text)) for line in lines
+    )
 
 
 def w_host_oom_slurm(job: Job) -> Failure:
