@@ -89,6 +89,33 @@ def test_an_ordinary_log_is_never_rejoined():
     assert wrap_width(padded.encode()) is None  # a terminal capture pads short lines: nothing was cut
 
 
+def test_two_lines_of_one_length_by_chance_are_no_wrap_where_a_record_follows_one():
+    # NCCL gives up connecting, then c10's watchdog reports the CUDA error its abort left: two whole lines that
+    # happen to have one length, the first followed by c10's header (a record), the second by a word. Read as a wrap,
+    # the two records were one message, the CUDA error the lead (long-tail seed 23301).
+    warn = (
+        "node7:1967329:1967601 [0] misc/socket.cc:688 NCCL WARN socketStartConnect: connect to 10.62.191.50<61159> "
+        "returned Connection timed out, exceeded error retry count after 35 attempts"
+    )
+    abort = (
+        "[E0724 10:26:22.668550966 ProcessGroupNCCL.cpp:1541] [PG ID 0 PG GUID 0(default_pg) Rank 0] Process group "
+        "watchdog thread terminated with exception: CUDA error: unspecified launch failure"
+    )
+    tail = "CUDA kernel errors might be asynchronously reported at some other API call"
+    original = "\n".join([warn, abort, tail])
+    warn = warn.replace("returned", "returned" + " " * (len(abort) - len(warn)), 1)
+    assert len(warn) == len(abort)
+    text = "\n".join([warn, abort, tail])
+    assert wrap_width((text + "\n").encode()) is None
+    verdict = triage_text(text + "\n")
+    assert str(verdict.category) == "nccl_transport", verdict.summary
+    # The same lines cut by a terminal that pads each to its width: a padded line followed by a record was whole, as
+    # every line of such a capture is, and says nothing against the wrap its other lines show.
+    for width in (82, 86, 91, 95):
+        padded = "\n".join(line.ljust(width) for line in hard_wrap(original, width).splitlines()) + "\n"
+        assert wrap_width(padded.encode()) is not None, width
+
+
 def test_a_wrapped_message_is_rejoined_across_blocks_and_numbered_by_its_first_line(monkeypatch):
     from torchtriage.sources import logs
 

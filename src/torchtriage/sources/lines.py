@@ -121,6 +121,13 @@ _NCCL_UNTAGGED = re.compile(
 _NCCL_HEADER = re.compile(r"[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] ")
 
 
+def starts_with_log_header(text: str) -> bool:
+    """Whether `text` starts with a header only a record of a log starts with: c10's or Python logging's header with
+    its time, an ISO date, NCCL's `host:pid:tid [dev]`, a container runtime's timestamp. No piece of a message cut
+    by a terminal's wrap starts so, unless the cut fell right before one inside the message."""
+    return bool(_GLOG.match(text) or _ISO.match(text) or _NCCL_HEADER.match(text) or _COLLECTOR_STAMP.match(text))
+
+
 def _nccl_tagged(text: str) -> str:
     if " WARN " not in text and " INFO " not in text:
         return text

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from torchtriage.knowledge.prefilter import span_search
+from torchtriage.sources.lines import starts_with_log_header
 
 if TYPE_CHECKING:
     from torchtriage.knowledge.may_match import Gate
@@ -432,9 +433,13 @@ def _wrapping(raw_lines: list[bytes], peeled: bool) -> Wrapping | None:
     continuing = sum(1 for i, _, _ in follows if _continues(raw_lines[i], raw_lines[i + 1], wrapping))
     if not follows or continuing < 0.5 * len(follows):
         return None
-    # Two lines of one length could be chance; a word cut in two is not.
+    if lengths[width] >= 3:
+        return wrapping
+    # Two lines of one length could be chance; a word cut in two is not, unless one of the two ends in text (not a
+    # terminal's padding) and a record's header follows it: that line was whole, and the "cut word" two words.
     cut_words = sum(1 for _, line, following in follows if line[-1:].isalnum() and following[:1].isalnum())
-    return wrapping if lengths[width] >= 3 or cut_words else None
+    whole = any(line[-1:] != b" " and _starts_with_header(following) for _, line, following in follows)
+    return wrapping if cut_words and not whole else None
 
 
 def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
@@ -457,7 +462,13 @@ def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
         and not (wrapping.padded and line.endswith(b" "))
         and bool(following.strip())
         and not _starts_alike(line, following)
+        and not _starts_with_header(following)
     )
+
+
+def _starts_with_header(line: bytes) -> bool:
+    """Whether a line starts, behind a launcher's prefix, with a header only a log's record starts with."""
+    return starts_with_log_header(_body(line)[:128].decode("utf-8", "replace"))
 
 
 def _starts_like_record(first: bytes, following: bytes, wrapping: Wrapping) -> bool:
