@@ -109,16 +109,12 @@ def _seconds(month: str, day: str, hms: str) -> float:
     return (((int(month) * 31 + int(day)) * 24 + int(hours)) * 60 + int(minutes)) * 60 + float(seconds)
 
 
-# NCCL's line header, "host:pid:tid [dev] " then, for a warning, "file:line " and (2.19+) "(func) ": releases
-# up to 2.3 printed the level without the "NCCL " tag ("... [0] misc/ibvwrap.cc:212 WARN Call to ..."); the tag
-# is put back so that one pattern serves every release.
-_NCCL_UNTAGGED = re.compile(
-    r"(?P<head>[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] (?:[\w/.-]{1,200}:\d{1,7} )?)(?P<level>WARN|INFO) "
-)
-
-
 # NCCL's line header of any level and release ("host:pid:tid [dev] "), as the start of a line.
 _NCCL_HEADER = re.compile(r"[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] ")
+# That header then, for a warning, "file:line " and (2.19+) "(func) ": releases up to 2.3 printed the level without
+# the "NCCL " tag ("... [0] misc/ibvwrap.cc:212 WARN Call to ..."); the tag is put back so that one pattern serves
+# every release.
+_NCCL_UNTAGGED = re.compile(rf"(?P<head>{_NCCL_HEADER.pattern}(?:[\w/.-]{{1,200}}:\d{{1,7}} )?)(?P<level>WARN|INFO) ")
 
 
 def starts_with_log_header(text: str) -> bool:
@@ -180,10 +176,8 @@ def _starts_a_line(text: str) -> bool:
     return bool(
         _ANY_RANK_PREFIX.match(text)
         or _TRACEBACK_AFTER_HOST.match(text)
-        or _NCCL_HEADER.match(text)
-        or _GLOG.match(text)
         or _GLOG_SHORT.match(text)
-        or _ISO.match(text)
+        or starts_with_log_header(text)
     )
 
 
