@@ -736,6 +736,12 @@ def oom_exception(job: Job) -> str:
     return "RuntimeError"
 
 
+def rank_numel(op: str, first: int | None, drawn: int) -> int:
+    """One rank's NumelIn: the first rank's for an op whose size every rank shares; its own (`drawn`) for an
+    all_to_all (each rank sends its own split) or a coalesced op (each rank batched its own)."""
+    return drawn if first is None or op.startswith("ALLTOALL") or op == "COALESCED" else first
+
+
 OPS = (
     "ALLREDUCE",
     "_ALLGATHER_BASE",
@@ -948,11 +954,11 @@ def w_oom_then_peers(job: Job) -> Failure:
 
     def peer_lines(ps: list[int]) -> list[L]:
         out: list[L] = []
+        numel = None
         for p in ps:
             if mode == "timeout":
-                out += watchdog_timeout(
-                    job, p, seq, op, rng.choice((1, 4096, 1048576, 262144000)), full=rng.random() < 0.5
-                )
+                numel = rank_numel(op, numel, rng.choice((1, 4096, 1048576, 262144000)))
+                out += watchdog_timeout(job, p, seq, op, numel, full=rng.random() < 0.5)
             else:
                 peer = f"{job.ips[job.node_of(r)]}<{job.v.port()}>"
                 warn = (
@@ -1855,8 +1861,10 @@ def w_watchdog_timeout(job: Job) -> Failure:
     reporters = job.peers(rng.randint(1, min(8, job.world)), exclude={-1})
     lines: list[L] = []
     job.v.clock += timedelta(milliseconds=job.timeout_ms)
+    numel = None
     for p in reporters:
-        lines += watchdog_timeout(job, p, seq, op, rng.choice((1, 4096, 1048576, 262144000)), full=rng.random() < 0.6)
+        numel = rank_numel(op, numel, rng.choice((1, 4096, 1048576, 262144000)))
+        lines += watchdog_timeout(job, p, seq, op, numel, full=rng.random() < 0.6)
         if at_least(job.era, "2.6") and rng.random() < 0.4:
             pg = job.pg_prefix(p)
             lines += R(

@@ -77,6 +77,35 @@ def test_the_one_rank_below_the_highest_that_never_timed_out_is_the_culprit_at_m
         assert verdict["facts"].get("candidates") == candidates
 
 
+def test_sizes_name_the_departed_rank_only_where_the_op_has_one_size_and_every_other_rank_agrees(tmp_path):
+    # An all_reduce has one size on every rank: the one rank of five with another size departed. An
+    # all_to_all_single's ranks each send their own split, a coalesced op sums each rank's own batch: sizes that
+    # differ say nothing. Three sizes among five ranks: no two sides agree, no rank is singled out.
+    def timeouts(op, sizes):
+        return [
+            f"[rank{r}]:[E1130 10:20:0{r}.0 ProcessGroupNCCL.cpp:689] [PG ID 0 PG GUID 0(default_pg) Rank {r}] "
+            f"Watchdog caught collective operation timeout: WorkNCCL(SeqNum=77, OpType={op}, NumelIn={n}, "
+            f"NumelOut={n}, Timeout(ms)=600000) ran for 600043 milliseconds before timing out."
+            for r, n in enumerate(sizes)
+        ]
+
+    cases = (
+        ("ALLREDUCE", (8, 8, 4096, 8, 8), [2], "high"),
+        ("ALLTOALL_BASE", (8, 8, 4096, 8, 8), [], None),
+        ("COALESCED", (8, 8, 4096, 8, 8), [], None),
+        ("ALLREDUCE", (1, 1, 4096, 1048576, 1048576), [], None),
+    )
+    for op, sizes, culprits, confidence in cases:
+        write(tmp_path, "job.log", timeouts(op, sizes))
+        verdict = triage_json(tmp_path / "job.log")[1]
+        assert verdict["category"] == "nccl_timeout"
+        assert verdict["culprit_ranks"] == culprits, (op, sizes, verdict["summary"])
+        if confidence:
+            assert verdict["confidence"] == confidence
+        else:
+            assert "size mismatch" not in verdict["summary"] or "cannot tell" in verdict["summary"]
+
+
 def test_a_rank_whose_watchdog_timed_out_in_an_earlier_collective_than_the_majority_is_behind(tmp_path):
     # Without status lines (torch < 2.2 prints no counters) each rank's watchdog still names the oldest collective
     # it enqueued that never completed: the majority completed seq 2200 and waits in 2201 for rank 3, still in 2200.

@@ -43,6 +43,10 @@ TIMEOUT_KINDS = (
 
 
 _P2P_OP_TYPES = ("SEND", "RECV", "RECVANYSOURCE")
+# OpTypes whose NumelIn differs by rank legitimately: an all_to_all's each rank sends its own split, a rooted op's root
+# passes a list the others do not, a coalesced op sums whatever each rank batched (its p2p ops included). Their ops
+# are compared, their sizes not (as sources/flight_recorder.py compares a dump's).
+_ROOTED_OP_TYPES = ("GATHER", "SCATTER")
 
 
 def _group_named(facts: dict) -> str:
@@ -200,8 +204,9 @@ def behind_in_timeouts(events: list[LogEvent]) -> tuple[list[int], Finding | Non
 def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | None:
     """Reading 1: ranks that timed out in the same collective but report a different op or size.
 
-    The culprit is the strict minority; with an even split (two ranks) the logs cannot tell who
-    departed, and the finding says so — the flight recorder's call-site history can.
+    The culprit is the strict minority of two sides; with an even split (two ranks), or three values or more,
+    the logs cannot tell who departed, and the finding says so — the flight recorder's call-site history can.
+    Sizes are compared only for ops whose size every rank shares (not an all_to_all's, a rooted or a coalesced op's).
     """
     # A timeout line names its process group in its prefix (torch 2.2+), else the same rank's status line for that
     # seq may. The group's name (GUID) is the same on every rank; its id (uid) is each process's own count.
@@ -224,15 +229,18 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
             values: dict[str, list[int]] = defaultdict(list)
             for rank, event in sorted(per_rank.items()):
                 values[str(key(event))].append(rank)
-            if len(values) < 2 or "None" in values:
+            if len(values) < 2 or "None" in values or (what == "size" and not _sizes_agree(per_rank.values())):
                 continue
             ranked = sorted(values.items(), key=lambda item: len(item[1]))
             described = "; ".join(f"{format_ranks(r)}: {value}" for value, r in ranked)
-            culprits = ranked[0][1] if len(ranked[0][1]) < len(ranked[-1][1]) else []
+            # One side departed only where every other rank agrees: with three values or more, the "others"
+            # disagree among themselves, and the smallest side is no more the one that departed than any other.
+            culprits = ranked[0][1] if len(values) == 2 and len(ranked[0][1]) < len(ranked[-1][1]) else []
+            split = "an even split" if len(values) == 2 else f"{len(values)} {what}s, no two sides agreeing"
             verdict = (
                 f"{format_ranks(culprits)} departed from the others"
                 if culprits
-                else "an even split: the logs cannot tell which side departed (run `torchtriage fr` on the "
+                else f"{split}: the logs cannot tell which side departed (run `torchtriage fr` on the "
                 "flight-recorder dumps: the call-site history decides)"
             )
             where = f"collective seq {seq} of {group}" if group else f"collective seq {seq}"
@@ -243,6 +251,16 @@ def mismatch_at_same_seq(events: list[LogEvent]) -> tuple[list[int], Finding] | 
             ranks = culprits or sorted(per_rank)
             return culprits, Finding(f"logs.{what}_mismatch", ranks, message, role, "hang", evidence, facts)
     return None
+
+
+def _sizes_agree(events) -> bool:
+    """Whether these ranks' collective must have the same size on every rank (not an all_to_all, a rooted or a
+    coalesced op, whose sizes differ by rank legitimately)."""
+    ops = {e.facts["op"].upper().lstrip("_") for e in events}
+    return not any(
+        op.startswith("ALLTOALL") or op in _ROOTED_OP_TYPES or op.endswith("COALESCED") or op in _P2P_OP_TYPES
+        for op in ops
+    )
 
 
 def latest_positions(tracebacks: list[PyTraceback]) -> dict[int, RankPosition]:
