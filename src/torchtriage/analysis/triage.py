@@ -827,6 +827,9 @@ def _assess_logs(records: LogRecords) -> Assessment:
         )
 
     confidence, doubts = calibrated(primary, candidates, records)
+    if confidence == "high" and (numbered := _ranks_from_task_numbers(same_failure, culprits)):
+        confidence = "medium"
+        doubts.append(numbered)
     if doubts:
         facts["doubts"] = doubts
         records.problems += [f"Confidence {confidence}, not high: {doubt}" for doubt in doubts]
@@ -857,6 +860,20 @@ def _assess_logs(records: LogRecords) -> Assessment:
         problems=records.problems,
         lead=lead,
         blaming=blaming,
+    )
+
+
+def _ranks_from_task_numbers(same_failure: list[_Candidate], culprits: list[int]) -> str | None:
+    """Why the culprits are in doubt where every line that names them names a launcher's task (srun's "task 3"):
+    a task is a rank where srun started the ranks themselves, a node where it started torchrun's agent on each
+    (`srun --ntasks-per-node 1 torchrun ...`, whose agent's lines a log need not show)."""
+    naming = [c for c in same_failure if c.rank in culprits]
+    if not naming or not all(c.event is not None and "task" in c.event.facts for c in naming):
+        return None
+    tasks = format_ranks(culprits).replace("rank", "task")
+    return (
+        f"{format_ranks(culprits)} is read from the launcher's {tasks}: a rank where the launcher started the "
+        "ranks themselves, a node where it started torchrun on each"
     )
 
 
