@@ -106,6 +106,34 @@ def test_sizes_name_the_departed_rank_only_where_the_op_has_one_size_and_every_o
             assert "size mismatch" not in verdict["summary"] or "cannot tell" in verdict["summary"]
 
 
+def test_a_loss_scale_every_rank_shares_names_no_rank_by_who_logged_it_or_exited_first(tmp_path):
+    # DeepSpeed logs "OVERFLOW! Rank 0" on rank 0 only (deepspeed/runtime/fp16/loss_scaler.py), and every rank
+    # raises at the minimum scale at once: rank 0's line, or the rank torchrun saw exit first, is no culprit.
+    overflow = (
+        "[2025-03-02 08:11:0{n},233] [INFO] [loss_scaler.py:183:update_scale] [deepspeed] OVERFLOW! Rank 0 "
+        "Skipping step. Attempted loss scale: {a}, reducing to {b}"
+    )
+    lines = [overflow.format(n=n, a=2 ** (4 - n), b=2 ** (3 - n)) for n in range(4)] + [
+        "Traceback (most recent call last):",
+        '  File "/opt/conda/lib/python3.10/site-packages/deepspeed/runtime/fp16/loss_scaler.py", line 183, in '
+        "update_scale",
+        "    raise Exception(",
+        "Exception: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run.",
+        "[2025-03-02 08:11:09,554] torch.distributed.elastic.multiprocessing.api: [ERROR] failed (exitcode: 1) "
+        "local_rank: 6 (pid: 2981127) of binary: /usr/bin/python3",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  time      : 2025-03-02_08:11:09",
+        "  host      : gpu-a",
+        "  rank      : 6 (local_rank: 6)",
+        "  exitcode  : 1 (pid: 2981127)",
+    ]
+    write(tmp_path, "job.log", lines)
+    verdict = triage_json(tmp_path / "job.log")[1]
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nan_inf", []), verdict["summary"]
+    assert "every rank shares" in verdict["summary"]
+
+
 def test_a_rank_whose_watchdog_timed_out_in_an_earlier_collective_than_the_majority_is_behind(tmp_path):
     # Without status lines (torch < 2.2 prints no counters) each rank's watchdog still names the oldest collective
     # it enqueued that never completed: the majority completed seq 2200 and waits in 2201 for rank 3, still in 2200.

@@ -516,10 +516,11 @@ def _causing(primary: _Candidate, candidates: list[_Candidate]) -> list[_Candida
 
 
 def _printer_waits(candidate: _Candidate) -> bool:
-    """Whether a line's rank is the rank that printed it while it waited for another or lost a peer (knowledge:
-    `printer_waits`, `printer_lost_peer`), not one the line names (`rank_fact`)."""
+    """Whether a line's rank is the rank that printed it while it waited for another or lost a peer, or that
+    logged a state every rank shares (knowledge: `printer_waits`, `printer_lost_peer`, `shared_state`), not one
+    the line names (`rank_fact`)."""
     rule = candidate.event.rule if candidate.event is not None else None
-    if rule is None or not (rule.printer_waits or rule.printer_lost_peer):
+    if rule is None or not (rule.printer_waits or rule.printer_lost_peer or rule.shared_state):
         return False
     return not (rule.rank_fact and rule.rank_fact in candidate.event.facts)
 
@@ -529,8 +530,8 @@ def _the_reports_one_exception(primary: _Candidate, candidates: list[_Candidate]
     failed rank, and that rank ended of an exception (exitcode 1: Python's, which printed a traceback): the
     failure's lines are that exception's. With several failed ranks, or lines of the failure after the report, it
     cannot say whose they are."""
-    if primary.rank is not None:
-        return []
+    if primary.rank is not None or (primary.event is not None and primary.event.rule.shared_state):
+        return []  # a state every rank shares: the rank that exited first of it is no culprit
     entries = [f for f in records.child_failures if f.file == primary.file]
     if len(entries) != 1 or entries[0].rank is None or entries[0].exit_code != 1:
         return []
@@ -923,6 +924,8 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
         # A launcher's task that ran torchrun's agent: a node, not a rank (sources/log_records.py)
         agent = f"the launcher's task {facts['task']}: a node's torchrun agent, whose ranks the log does not say"
         return f"{head} on {facts['host']} ({agent})"
+    if not culprits and primary.event is not None and primary.event.rule.shared_state:
+        return f"{head}; a state every rank shares, so no rank is its culprit"
     if not culprits and primary.role == "primary":
         return f"{head}; the log does not say which rank"
     if not culprits:

@@ -70,6 +70,7 @@ _OPTIONAL = {
     "shared_cause": BOOLEAN,
     "culprit_of": STRINGS,
     "calibration": BOOLEAN,
+    "shared_state": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -146,6 +147,10 @@ class Rule:
     # scale): normal while the scale settles. Where the same rank's training states a finite loss on more than one
     # line after the last such line of its file, it was calibration, borne out, and causes nothing after it.
     calibration: bool = False
+    # The line reports a state every rank keeps alike (the fp16 loss scale: each rank checks gradients the
+    # all-reduce made equal, or all-reduces the overflow flag, before the scale changes): the rank that prints it
+    # is whichever logs it (rank 0) or gets there first, never its culprit.
+    shared_state: bool = False
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -309,6 +314,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         shared_cause=bool(raw.get("shared_cause", False)),
         culprit_of=tuple(raw.get("culprit_of", [])),
         calibration=bool(raw.get("calibration", False)),
+        shared_state=bool(raw.get("shared_state", False)),
     )
 
 
