@@ -27,6 +27,8 @@ CONTENTS = (
     "Root Cause (first observed failure):\n[0]:\n  time      : 2026-11-30_04:32:11\n  host      : node{r}\n"
     "  rank      : {r} (local_rank: 0)\n  exitcode  : -9 (pid: {n})\n",
     "INFO: NCCL version 2.21.5+cuda12.4\n[rank{r}]: progress 10%\r[rank{r}]: progress 90%\r" + OOM + "\r",
+    "srun: error: node{r}: task {r}: Exited with exit code 1\nsrun: Terminating StepId=7.0\n"
+    "srun: error: node{r}: tasks 0-{r}: Terminated\n" + OOM + "\n",
 )
 
 
@@ -55,6 +57,9 @@ def plain(records: LogRecords, matcher) -> dict:
         "files_read": records.files_read,
         "problems": records.problems,
         "tails": [(t.file, t.rank, t.first_line, t.data) for t in records.tails],
+        "launches_finished": records.launches_finished,
+        "boots": records.boots,
+        "ended_by_launcher": records.ended_by_launcher,
     }
 
 
@@ -84,6 +89,7 @@ def test_thousands_of_logs_read_on_every_core_give_the_records_of_reading_them_o
     assert plain(on_every_core, matcher) == plain(one_by_one, matcher)
     assert len(on_every_core.events) > 2_000 and on_every_core.tracebacks and on_every_core.child_failures
     assert any("nonfinite.jsonl" in problem for problem in on_every_core.problems)
+    assert on_every_core.ended_by_launcher == set(range(64))  # srun's account of the tasks it ended
 
 
 def test_standard_input_among_thousands_of_logs_is_read_here_after_them(folder_of_logs, monkeypatch):

@@ -179,3 +179,47 @@ def test_a_merged_logs_name_changes_no_verdict_its_lines_decide(tmp_path):
     lines = [*BANNER, *STEPS, *closed, *report([(2, -11)])]
     verdicts = [triage_json(write(tmp_path, lines, name=name))[1] for name in ("job.log", "job_rank3.log")]
     assert [(v["category"], v["culprit_ranks"]) for v in verdicts] == [(verdicts[0]["category"], [2])] * 2
+
+
+def srun_ended_step(terminating="srun: Terminating StepId=7604503.0"):
+    # torch 1.9 under srun --label with NCCL_BLOCKING_WAIT: rank 1's wait raises once its communicator was aborted
+    # (torch/csrc/distributed/c10d/NCCLUtils.hpp); srun then ends the step itself and the other tasks (Slurm src/srun:
+    # "%s: task %s: Exited with exit code %d", "Terminating StepId=%s", strsignal's "Terminated").
+    return [
+        *[f"0: step {i} | loss {3.0 - i / 100:.2f}" for i in range(1, 6)],
+        "1: Traceback (most recent call last):",
+        '1:   File "/workspace/train.py", line 212, in main',
+        "1:     dist.all_reduce(loss)",
+        "1: RuntimeError: NCCL communicator was aborted.",
+        "srun: error: node55: task 1: Exited with exit code 1",
+        terminating,
+        "slurmstepd: error: *** STEP 7604503.0 ON node55 CANCELLED AT 2025-07-25T18:52:48 ***",
+        "srun: error: node55: tasks 0,2-7: Terminated",
+    ]
+
+
+def test_the_tasks_srun_ended_itself_were_running_so_none_left_first_and_its_cancel_is_no_schedulers(tmp_path):
+    for terminating in (
+        "srun: Terminating StepId=7604503.0",
+        "srun: launch/slurm: _step_signal: Terminating StepId=7604503.0",
+    ):
+        _, verdict = triage_json(write(tmp_path, srun_ended_step(terminating)))
+        assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_timeout", []), verdict["summary"]
+        assert not verdict["summary"].startswith("The scheduler")
+    # Without srun's account of the tasks it ended, rank 0 (below rank 1, in no failure line) is the one that left.
+    lines = [line for line in srun_ended_step() if "Terminated" not in line]
+    assert triage_json(write(tmp_path, lines))[1]["culprit_ranks"] == [0]
+
+
+def test_srun_task_lists_are_read_whole_or_not_at_all():
+    from torchtriage.sources.srun_tasks import SrunTasks, task_list
+
+    assert task_list("0,2-5,9") == {0, 2, 3, 4, 5, 9}
+    for garbled in ("5-2", "3-", "0,2-99999999999", "1-1048576", "0,,x"):
+        assert task_list(garbled) == set(), garbled
+    census = SrunTasks()
+    census.read("srun: error: node1: tasks 0-3: Terminated")  # before srun said it ends the step: not its doing
+    census.read("srun: Terminating StepId=12.0")
+    census.read("srun: error: node1: task 5: Exited with exit code 1")  # an exit of its own, not srun's signal
+    census.read("srun: error: node1: tasks 6,8: Killed")
+    assert census.ended == {6, 8}

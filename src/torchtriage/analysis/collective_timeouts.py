@@ -461,12 +461,15 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     report a failure (`records.ranks_seen`: a rule's message, a traceback, torchrun's report; its step lines and
     chatter do not count) existed and left no trace: it exited or was killed without an error of its own. One
     such rank is the culprit; several are candidates; none (the highest ranks leave no trace) leaves the culprit
-    unknown, unless the job's identity records (`records.ranks_known`) say how many ranks it had."""
+    unknown, unless the job's identity records (`records.ranks_known`) say how many ranks it had. A rank srun
+    ended itself once a task had failed (`records.ended_by_launcher`) was running then: it did not leave first."""
     seen = records.ranks_seen
     if not seen:
         return [], [], {}
-    highest = max(max(seen), max(records.ranks_known, default=0))  # the job's identity records know its world
-    missing = highest + 1 - len(seen)
+    running = records.ended_by_launcher - seen
+    # The job's identity records, and srun's list of the tasks it ended, know more of its world.
+    highest = max(max(seen), max(records.ranks_known, default=0), max(running, default=0))
+    missing = highest + 1 - len(seen) - len(running)
     if not missing:
         return [], [], {}
     if missing > SILENT_LISTED_MAX:
@@ -476,7 +479,7 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
         )
         finding = Finding("logs.silent_rank", [], message, "symptom", "hang", [], {"undecided": True})
         return [], [finding], {"silent_ranks_count": missing}
-    silent = sorted(set(range(highest + 1)) - seen)
+    silent = sorted(set(range(highest + 1)) - seen - running)
     reporting = format_ranks(sorted(seen))
     message = (
         f"{format_ranks(silent)} appear{'s' if len(silent) == 1 else ''} in no failure line of the logs "

@@ -367,6 +367,9 @@ def _pick_primary(candidates: list[_Candidate]) -> tuple[_Candidate, str]:
     pool = [c for c in candidates if ROLES.index(c.role) == best_role]
     # A generic CUDA error says a kernel stopped, not why: a cause of the same standing that says why leads.
     pool = [c for c in pool if not c.generic] or pool
+    # Among aftermaths alone, one its own file says is the answer to another line (a step's cancel after srun's
+    # "Terminating", which follows a task's failure) says less of the failure than one that does not.
+    pool = [c for c in pool if not (c.event and c.event.aftermath)] or pool
     if len({c.kind for c in pool}) == 1 and len({c.rank for c in pool}) == 1:
         return min(pool, key=lambda c: c.order), "the only cause"  # one failure of one rank: nothing to order
     if len(pool) > 1 and all(c.time is not None for c in pool):

@@ -45,6 +45,8 @@ STRUCTURE_MARKERS += ("group_world_size=", "local_ranks=[", "global_ranks=[")
 # DeepSpeed's launcher's header of its node and its report of each process that exited 0
 # (sources/deepspeed_launch.py).
 STRUCTURE_MARKERS += ("num_local_procs=", "exits successfully")
+# srun's reports of how its tasks ended and that it ends the step itself (sources/srun_tasks.py).
+STRUCTURE_MARKERS += ("srun: error: ", "srun: Terminating ", "_step_signal: Terminating ")
 # journalctl's separator between boots: the kernel's lines above it are an earlier boot's (sources/log_records.py).
 STRUCTURE_MARKERS += ("-- Boot ", "-- Reboot --")
 

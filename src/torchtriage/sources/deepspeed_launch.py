@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-# The prefilter passes these lines to the reader (knowledge/prefilter.py LAUNCHER_MARKERS).
+# The prefilter passes these lines to the reader (knowledge/prefilter.py STRUCTURE_MARKERS).
 _HEADER = re.compile(r"\bnnodes=(?P<nnodes>\d{1,6}), num_local_procs=(?P<procs>\d{1,6}), node_rank=(?P<node>\d{1,6})\b")
 _EXITED_0 = re.compile(r"\bProcess (?P<pid>\d{1,10}) exits successfully\.")
 

@@ -31,6 +31,7 @@ from torchtriage.sources.lines import Normalised, normalise
 from torchtriage.sources.log_head import starts_mid_message
 from torchtriage.sources.logs import MAX_LINE_CHARS, Tail, Wrapping, rejoined, scan_lines
 from torchtriage.sources.registry import STDIN, Input, open_input
+from torchtriage.sources.srun_tasks import SrunTasks
 
 
 @dataclass
@@ -189,6 +190,9 @@ class LogRecords:
     launches_finished: dict[str, tuple[int, str]] = field(default_factory=dict)
     # Per file, the line of journalctl's last boot separator: the kernel's lines above it are an earlier boot's.
     boots: dict[str, int] = field(default_factory=dict)
+    # The ranks srun said it ended itself once a task had failed (sources/srun_tasks.py): running then, so none of
+    # them left first.
+    ended_by_launcher: set[int] = field(default_factory=set)
 
 
 # The start of a record of torchtriage's own, read as a log line (sources/registry.py: _READ_AS_LOGS).
@@ -266,6 +270,7 @@ class _FileReader:
         self.task_events: list[LogEvent] = []  # events whose rank is a launcher's task number (settled at close)
         self.local = _LocalRanks()  # ranks read from a role's "[default3]:" prefix: a node's (settled at close)
         self.launch = DeepSpeedLaunch()  # DeepSpeed's launcher's processes and which exited 0
+        self.srun = SrunTasks()  # the tasks srun ended itself once one had failed
         self.named = _NamedRank(artifact.rank)  # the rank the file's name implies (settled at close)
         self.last_boot = 0  # the line of journalctl's last boot separator
         self.hosts: set[str] = set()  # the host prefixes its lines showed (pdsh's "node-07: "), peeled from then on
@@ -293,6 +298,7 @@ class _FileReader:
         if self.local.read_agent_line(text):
             return
         self.launch.read(line_no, text)
+        self.srun.read(text)
         if _BOOT_SEPARATOR.match(text):
             self.last_boot = line_no
         in_report = self._track_report(text, line_no)
@@ -464,6 +470,8 @@ class _FileReader:
             elif event.rank is not None:
                 self.records.ranks_seen.add(event.rank)
         self.task_events.clear()
+        if not self.agents_seen:
+            self.records.ended_by_launcher |= self.srun.ended
 
 
 class _NamedRank:
@@ -663,13 +671,23 @@ def _add(records: LogRecords, one: LogRecords) -> None:
     records.tails += one.tails
     records.launches_finished.update(one.launches_finished)
     records.boots.update(one.boots)
+    records.ended_by_launcher |= one.ended_by_launcher
 
 
 # A log's records as a forked reader sends them back: plain tuples, which pickle two to three times faster than the
 # dataclasses (thousands of tiny logs cost little more than their records' transport), each event's rule by its
 # id (a rule holds compiled patterns, which do not pickle).
 _Portable = tuple[
-    list[tuple], list[PyTraceback], list[ChildFailure], set[int], list[str], list[str], list[tuple], dict, dict
+    list[tuple],
+    list[PyTraceback],
+    list[ChildFailure],
+    set[int],
+    list[str],
+    list[str],
+    list[tuple],
+    dict,
+    dict,
+    set[int],
 ]
 _EVENT_FIELDS = tuple(f.name for f in fields(LogEvent))
 
@@ -695,12 +713,13 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         [(t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start, t.hosts) for t in records.tails],
         records.launches_finished,
         records.boots,
+        records.ended_by_launcher,
     )
 
 
 def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) -> None:
     """What `_add` does, from what a child sent back."""
-    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails, launches_finished, boots = portable
+    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails, finished, boots, ended = portable
     first = len(records.events)
     for values in events:
         event = LogEvent(*values)
@@ -712,8 +731,9 @@ def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) ->
     records.files_read += files_read
     records.problems += problems
     records.tails += [LogTail(*tail) for tail in tails]
-    records.launches_finished.update(launches_finished)
+    records.launches_finished.update(finished)
     records.boots.update(boots)
+    records.ended_by_launcher |= ended
 
 
 _NO_RECORD = "it holds one record of torchtriage's, cut off before its end (the job was killed while writing it?)"
