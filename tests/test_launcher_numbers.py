@@ -103,7 +103,30 @@ def test_a_local_rank_no_account_places_names_no_rank_on_several_nodes_and_itsel
     both_nodes = [*agent_account(0), *agent_account(1), TEE_OOM]  # two agents' output in one file: whose line?
     assert triage_json(write(tmp_path, both_nodes))[1]["culprit_ranks"] == []
     assert triage_json(write(tmp_path, ["  group_world_size=2", TEE_OOM]))[1]["culprit_ranks"] == []
-    assert triage_json(write(tmp_path, [TEE_OOM]))[1]["culprit_ranks"] == [2]
+    # On one node, said by its agent, local rank 2 is the job's; with nothing said of the nodes no rank is named and
+    # the local one is said: node 3's local rank 2 prints the same prefix.
+    _, one_node = triage_json(write(tmp_path, ["  group_world_size=1", TEE_OOM]))
+    assert (one_node["culprit_ranks"], one_node["confidence"]) == ([2], "high")
+    _, unsaid = triage_json(write(tmp_path, [TEE_OOM]))
+    assert (unsaid["category"], unsaid["culprit_ranks"], unsaid["confidence"]) == ("oom", [], "high")
+    assert unsaid["facts"]["local_ranks"] == [2] and "local rank 2 of a node" in unsaid["summary"]
+
+
+def test_nccls_world_communicator_under_a_local_prefix_places_the_rank(tmp_path):
+    # NCCL 2.19+ src/init.cc "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init START":
+    # local rank 2's process is rank 10 of the 16-rank world (a subgroup's smaller communicator says nothing of it).
+    def comm(local, rank, nranks, end="Init START"):
+        return (
+            f"[default{local}]:gpu-b:4121:4190 [{local}] NCCL INFO comm 0x55d1c2a0b3f0 rank {rank} nranks {nranks} "
+            f"cudaDev {local} nvmlDev {local} busId 4a000 commId 0x9f2e - {end}"
+        )
+
+    lines = [comm(2, 2, 8, "Init COMPLETE"), comm(2, 10, 16), comm(0, 8, 16, "Init COMPLETE"), TEE_OOM]
+    _, verdict = triage_json(write(tmp_path, lines))
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([10], "high"), verdict["summary"]
+    # Two nodes' local rank 2 in one file: whose line it is is not said.
+    _, merged = triage_json(write(tmp_path, [comm(2, 10, 16), comm(2, 2, 16), TEE_OOM]))
+    assert merged["culprit_ranks"] == []
 
 
 # ProcessGroupNCCL.cpp's watchdog (torch 2.4): each rank that timed out prints it, behind its own prefix.

@@ -782,6 +782,10 @@ def _assess_logs(records: LogRecords) -> Assessment:
         culprits = named
     elif culprits != named:
         named_by = None
+    if _named_only_as("local", same_failure, culprits):
+        # torchrun --tee's "[default3]:" is the rank within its node; nothing read says which node, nor that there
+        # was one: the job's rank is not named, the local one is said.
+        facts["local_ranks"], culprits = culprits, []
     blaming = next((f for f in findings if f.kind in _BLAMING_KINDS and f.ranks == culprits and culprits), None)
     if causing:
         blaming = next((f for f in findings if f.kind in {c.kind for c in causing}), None)
@@ -831,9 +835,9 @@ def _assess_logs(records: LogRecords) -> Assessment:
         )
 
     confidence, doubts = calibrated(primary, candidates, records)
-    if confidence == "high" and (numbered := _ranks_from_task_numbers(same_failure, culprits)):
+    if confidence == "high" and (doubt := _task_number_doubt(same_failure, culprits)):
         confidence = "medium"
-        doubts.append(numbered)
+        doubts.append(doubt)
     if doubts:
         facts["doubts"] = doubts
         records.problems += [f"Confidence {confidence}, not high: {doubt}" for doubt in doubts]
@@ -867,12 +871,16 @@ def _assess_logs(records: LogRecords) -> Assessment:
     )
 
 
-def _ranks_from_task_numbers(same_failure: list[_Candidate], culprits: list[int]) -> str | None:
-    """Why the culprits are in doubt where every line that names them names a launcher's task (srun's "task 3"):
-    a task is a rank where srun started the ranks themselves, a node where it started torchrun's agent on each
-    (`srun --ntasks-per-node 1 torchrun ...`, whose agent's lines a log need not show)."""
-    naming = [c for c in same_failure if c.rank in culprits]
-    if not naming or not all(c.event is not None and "task" in c.event.facts for c in naming):
+def _named_only_as(origin: str, candidates: list[_Candidate], culprits: list[int]) -> bool:
+    """Whether every line that names the culprits names a launcher's number taken for a rank (`LogEvent.rank_from`)."""
+    naming = [c for c in candidates if c.rank in culprits]
+    return bool(naming) and all(c.event is not None and c.event.rank_from == origin for c in naming)
+
+
+def _task_number_doubt(same_failure: list[_Candidate], culprits: list[int]) -> str | None:
+    """Why the culprits are in doubt where every line that names them names srun's task: a rank where srun started
+    the ranks themselves, a node where it started torchrun's agent on each (whose lines a log need not show)."""
+    if not _named_only_as("task", same_failure, culprits):
         return None
     tasks = format_ranks(culprits).replace("rank", "task")
     return (
@@ -927,6 +935,9 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
         # A launcher's task that ran torchrun's agent: a node, not a rank (sources/log_records.py)
         agent = f"the launcher's task {facts['task']}: a node's torchrun agent, whose ranks the log does not say"
         return f"{head} on {facts['host']} ({agent})"
+    if not culprits and facts.get("local_ranks"):
+        local = format_ranks(facts["local_ranks"]).replace("rank", "local rank")
+        return f"{head} on {local} of a node the log does not name (torchrun --tee numbers the ranks within a node)"
     if not culprits and primary.event is not None and primary.event.rule.shared_state:
         return f"{head}; a state every rank shares, so no rank is its culprit"
     if not culprits and primary.role == "primary":

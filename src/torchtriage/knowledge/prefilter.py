@@ -45,6 +45,9 @@ STRUCTURE_MARKERS += ("group_world_size=", "local_ranks=[", "global_ranks=[")
 # DeepSpeed's launcher's header of its node and its report of each process that exited 0
 # (sources/deepspeed_launch.py).
 STRUCTURE_MARKERS += ("num_local_procs=", "exits successfully")
+# NCCL's set-up line of a communicator from 2.19 (its "Init COMPLETE" is a rule's): under torchrun's local-rank prefix
+# it places that rank in the job (sources/log_records.py).
+STRUCTURE_MARKERS += ("- Init START",)
 # srun's reports of how its tasks ended and that it ends the step itself (sources/srun_tasks.py).
 STRUCTURE_MARKERS += ("srun: error: ", "srun: Terminating ", "_step_signal: Terminating ")
 # journalctl's separator between boots: the kernel's lines above it are an earlier boot's (sources/log_records.py).

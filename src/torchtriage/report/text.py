@@ -31,6 +31,8 @@ def _culprit_line(verdict: Verdict) -> str:
         return f"not identified; the one candidate is {format_ranks(candidates)}, and the evidence is weak"
     if candidates:
         return f"undecided between {format_ranks(candidates)}: the evidence cannot tell them apart"
+    if local := verdict.facts.get("local_ranks"):
+        return f"{format_ranks(local).replace('rank', 'local rank')} of a node the log does not name"
     return "not identified"
 
 

@@ -49,6 +49,10 @@ class LogEvent:
     severity: str | None = None  # glog's I/W/E/F (or the logger's level) where the line carries one
     aftermath: bool = False  # after a line of its file that says what it is the aftermath of (`aftermath_after`)
     host: str | None = None  # the host a launcher put before the line (pdsh's "node-07: "): the machine that printed it
+    # Where the rank is a launcher's number taken for the job's rank on no more than an assumption: "task" (srun's
+    # task, a node's where srun started torchrun), "local" (torchrun --tee's rank within its node, where nothing
+    # said the job ran on one node).
+    rank_from: str | None = None
 
 
 @dataclass
@@ -297,6 +301,10 @@ class _FileReader:
         text = line.text
         if self.local.read_agent_line(text):
             return
+        if line.rank_is_local and rank is not None:
+            self.local.read_comm_line(rank, text)
+        if _NCCL_INIT_START in text:
+            return  # NCCL's set-up, passed for the line above: it reports nothing, and counts no rank as failing
         self.launch.read(line_no, text)
         self.srun.read(text)
         if _BOOT_SEPARATOR.match(text):
@@ -469,6 +477,7 @@ class _FileReader:
                 event.rank = None
             elif event.rank is not None:
                 self.records.ranks_seen.add(event.rank)
+                event.rank_from = "task"  # an agent's lines need not be in the log that holds srun's
         self.task_events.clear()
         if not self.agents_seen:
             self.records.ended_by_launcher |= self.srun.ended
@@ -509,6 +518,10 @@ class _NamedRank:
 
 # torchrun's agent's account of its rendezvous (torch/distributed/elastic/agent/server/api.py, _rendezvous):
 # "  group_world_size=2", "  local_ranks=[0, 1, 2, 3]", "  global_ranks=[4, 5, 6, 7]", one field a line.
+# NCCL's set-up line of a communicator (src/init.cc: "comm %p rank %d nranks %d cudaDev %d ... - Init START" from
+# 2.19, "... - Init COMPLETE"): the process's rank in it, and its size.
+_NCCL_INIT_START = "- Init START"
+_NCCL_COMM = re.compile(r"NCCL INFO comm 0x[0-9a-f]+ rank (?P<rank>\d{1,7}) nranks (?P<nranks>\d{1,7}) ")
 _AGENT_FIELD = re.compile(
     r"^\s{0,8}(?P<key>group_world_size|local_ranks|global_ranks)=(?P<value>\d{1,7}|\[[\d, ]{0,100000}\])\s*$"
 )
@@ -516,16 +529,27 @@ _AGENT_FIELD = re.compile(
 
 class _LocalRanks:
     """A file's ranks read from a role's prefix ("[default3]:", torchrun --tee: the rank within its node), and
-    what places them in the job: the agent's rendezvous account (local_ranks=[...] / global_ranks=[...]) or its
-    failure report ("rank : 6 (local_rank: 2)"). Placed, a local rank becomes the job's; on one node (no sign of
-    another) it is the job's already; with other nodes and nothing to place it, it names no rank."""
+    what places them in the job: the agent's rendezvous account (local_ranks=[...] / global_ranks=[...]), its
+    failure report ("rank : 6 (local_rank: 2)"), or NCCL's set-up line of the world's communicator under the prefix
+    ("[default6]:... NCCL INFO comm 0x... rank 14 nranks 64"). Placed, a local rank becomes the job's; on one node
+    (no sign of another) it is the job's already; with other nodes and nothing to place it, it names no rank."""
 
     def __init__(self):
         self.events: list[LogEvent] = []
         self.seen: set[int] = set()
         self.mappings: list[dict[int, int]] = []  # one per agent account read
         self.other_nodes = False
+        self.one_node = False  # the agent's account said so (group_world_size=1)
         self._local_list: list[int] | None = None
+        self._comms: dict[int, set[tuple[int, int]]] = {}  # nranks -> (local rank, rank in the communicator)
+
+    def read_comm_line(self, local: int, text: str) -> None:
+        """Take in NCCL's set-up line of a communicator, printed under local rank `local`'s prefix."""
+        found = _NCCL_COMM.search(text)
+        if found is not None and len(self._comms) < 64:
+            pairs = self._comms.setdefault(int(found.group("nranks")), set())
+            if len(pairs) < 4096:
+                pairs.add((local, int(found.group("rank"))))
 
     def read_agent_line(self, text: str) -> bool:
         """Take in a line of the agent's rendezvous account; whether it was one."""
@@ -535,6 +559,7 @@ class _LocalRanks:
         key, value = found.group("key"), found.group("value")
         if key == "group_world_size":
             self.other_nodes |= int(value) > 1
+            self.one_node |= int(value) == 1
             return True
         numbers = [int(n) for n in value.strip("[]").replace(" ", "").split(",") if n]
         if key == "local_ranks":
@@ -548,11 +573,21 @@ class _LocalRanks:
         """local -> job rank, where one node's account says it (two agents' accounts in one file: whose lines are
         whose is not said)."""
         mapping: dict[int, int] = {}
-        for one in [*self.mappings, {f.local_rank: f.rank for f in failures if None not in (f.local_rank, f.rank)}]:
+        reported = {f.local_rank: f.rank for f in failures if None not in (f.local_rank, f.rank)}
+        for one in [*self.mappings, reported, *self._world_comm()]:
             for local, rank in one.items():
                 if mapping.setdefault(local, rank) != rank:
                     return None
         return mapping
+
+    def _world_comm(self) -> list[dict[int, int]]:
+        """local -> rank in the largest communicator NCCL set up (the world's: its ranks are the job's), one pair a
+        dict so that two nodes' local rank 6 disagree; a local rank whose rank there differs is another node's sign."""
+        if not self._comms:
+            return []
+        pairs = self._comms[max(self._comms)]
+        self.other_nodes |= any(local != rank for local, rank in pairs)
+        return [{local: rank} for local, rank in sorted(pairs)]
 
     def settle(self, ranks_seen: set[int], tracebacks: list[PyTraceback], failures: list[ChildFailure]) -> None:
         mapping = self.mapping(failures)
@@ -560,10 +595,12 @@ class _LocalRanks:
             local: (mapping or {}).get(local)
             for local in self.seen | {e.rank for e in self.events if e.rank is not None}
         }
-        if not self.other_nodes and not mapping:
+        assumed = not self.other_nodes and not mapping
+        if assumed:
             placed = {local: local for local in placed}  # one node: its local ranks are the job's
         for event in self.events:
             event.rank = placed.get(event.rank) if event.rank is not None else None
+            event.rank_from = "local" if assumed and not self.one_node and event.rank is not None else None
         for traceback in tracebacks:
             if traceback.rank in placed and traceback.rank in self.seen:
                 traceback.rank = placed[traceback.rank]
