@@ -134,6 +134,23 @@ def test_a_loss_scale_every_rank_shares_names_no_rank_by_who_logged_it_or_exited
     assert "every rank shares" in verdict["summary"]
 
 
+def test_a_silent_rank_below_ranks_that_no_job_size_ends_is_said_at_low_and_a_known_world_widens_it(tmp_path):
+    # Ranks 0, 2-4 timed out: five ranks are no job on whole nodes (a node holds 1, 2, 4 or 8 GPUs), so ranks above
+    # 4 may be as silent as rank 1. NCCL's world communicator (src/init.cc "comm %p rank %d nranks %d ... Init
+    # COMPLETE") saying eight ranks makes ranks 1, 5-7 the candidates.
+    header = "[E1130 10:20:00.0 ProcessGroupNCCL.cpp:689] "
+    lines = [f"[rank{r}]:{header}" + WATCHDOG.format(rank=r) for r in (0, 2, 3, 4)]
+    write(tmp_path, "job.log", lines)
+    verdict = triage_json(tmp_path / "job.log")[1]
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([1], "low"), verdict["summary"]
+    assert any("taken to be 5" in doubt for doubt in verdict["facts"]["doubts"])
+    init = "[rank0]:gpu-a:4121:4190 [0] NCCL INFO comm 0x55d1c2a0b3f0 rank 0 nranks 8 cudaDev 0 busId 18000 - Init "
+    init += "COMPLETE"
+    write(tmp_path, "job.log", [init, *lines])
+    verdict = triage_json(tmp_path / "job.log")[1]
+    assert (verdict["culprit_ranks"], verdict["facts"].get("candidates")) == ([], [1, 5, 6, 7]), verdict["summary"]
+
+
 def test_a_rank_whose_watchdog_timed_out_in_an_earlier_collective_than_the_majority_is_behind(tmp_path):
     # Without status lines (torch < 2.2 prints no counters) each rank's watchdog still names the oldest collective
     # it enqueued that never completed: the majority completed seq 2200 and waits in 2201 for rank 3, still in 2200.

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from torchtriage.analysis.positions import position_of
 from torchtriage.analysis.rank_comparisons import DETAIL_KIND, DETAIL_RULE, hang_comparison
+from torchtriage.analysis.xid_buses import INIT_RULE
 from torchtriage.model import Evidence, Finding, RankPosition, SourceKind
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.log_records import LogEvent, LogRecords, PyTraceback
@@ -362,18 +363,29 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     return culprits, findings, facts
 
 
+def failing_ranks(records: LogRecords) -> set[int]:
+    """The ranks the logs show, less those whose every line a rule read was logged at INFO level (NCCL's set-up,
+    DeepSpeed's [INFO]) with no traceback and no launcher's report of their own: such a rank printed nothing of the
+    failure, and is as silent as one that printed nothing at all."""
+    informing = {e.rank for e in records.events if e.severity == "I"}
+    failing = {e.rank for e in records.events if e.severity != "I"}
+    failing |= {tb.rank for tb in records.tracebacks} | {f.rank for f in records.child_failures}
+    return records.ranks_seen - (informing - failing)
+
+
 def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[list[int], list[Finding], dict]:
     """Reading 4: the ranks that printed no failure line while the others timed out in a collective. A rank that
     never reached the collective has nothing to time out on (its watchdog times only what it enqueued), so it is
     silent where its peers report: one such rank below the highest reporting one is the culprit, several are the
     candidates. Read from an absence (a rank whose output is missing from the logs looks the same), so never more
     than medium (analysis/triage.py)."""
-    seen = records.ranks_seen
+    seen = failing_ranks(records)
     timed_out = {e.rank for e in records.events if e.rule.category == "nccl_timeout"}
     if len(waiting_ranks) < 2 or not waiting_ranks <= seen & timed_out:
         return [], [], {}  # only ranks that said they timed out (a report of a mismatch, or an excerpt, says less)
     closed = _closed_while_running(records)
-    silent = sorted(set(range(max(seen) + 1)) - (seen - closed))
+    world = known_world(records)
+    silent = sorted(set(range(max(max(seen) + 1, world or 0))) - (seen - closed))
     if not silent or len(silent) > SILENT_LISTED_MAX:
         return [], [], {}
     one = len(silent) == 1
@@ -384,7 +396,8 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     )
     if set(silent) <= closed:
         message += f"; torchrun's report shows {'it' if one else 'them'} running when the agent closed the workers"
-    return _silent_verdict(silent, message)
+    unsure = world is None and not set(silent) <= closed and not _a_jobs_size(max(seen) + 1)
+    return _silent_verdict(silent, message, unsure and max(seen) + 1)
 
 
 def _closed_while_running(records: LogRecords) -> set[int]:
@@ -436,18 +449,38 @@ def _even_spacing(ranks: dict[int, int]) -> tuple[int, int] | None:
     return first, stride
 
 
-def _silent_verdict(silent: list[int], message: str) -> tuple[list[int], list[Finding], dict]:
-    """What silent ranks decide: one is the culprit; several are candidates, undecided."""
+# A silent-rank finding's fact: the job's size was taken to be the highest rank seen plus one, which nothing read said
+# and no job on whole nodes has (5 ranks): a rank above it would be silent too (analysis/triage.py says it at low).
+WORLD_ASSUMED = "world_assumed"
+
+
+def known_world(records: LogRecords) -> int | None:
+    """The job's number of ranks where a source read says it: the identity records `torchtriage run` leaves, or the
+    size of the largest communicator NCCL set up (the world's: "comm 0x... rank 3 nranks 16 ... Init COMPLETE"); a
+    launcher's list of the tasks it ended (`ended_by_launcher`) says at least that many."""
+    sizes = [max(records.ranks_known) + 1] if records.ranks_known else []
+    sizes += [int(e.facts["world_size"]) for e in records.events if e.rule.id == INIT_RULE and "world_size" in e.facts]
+    if not sizes:
+        return None
+    return max(max(sizes), max(records.ended_by_launcher, default=-1) + 1)
+
+
+def _a_jobs_size(ranks: int) -> bool:
+    """Whether a job can have this many ranks on whole nodes: a GPU node holds 1, 2, 4 or 8 (a world of 5 is a
+    job's first ranks, the rest unseen)."""
+    return ranks in (1, 2, 4) or ranks % 8 == 0
+
+
+def _silent_verdict(
+    silent: list[int], message: str, assumed_world: int | bool = False
+) -> tuple[list[int], list[Finding], dict]:
+    """What silent ranks decide: one is the culprit; several are candidates, undecided. `assumed_world`: the size
+    the reading took the job to have, where nothing read said it."""
     one = len(silent) == 1
-    finding = Finding(
-        "logs.silent_rank",
-        silent,
-        message,
-        "primary" if one else "symptom",
-        "hang",
-        [],
-        {} if one else {"undecided": True},
-    )
+    facts: dict = {} if one else {"undecided": True}
+    if assumed_world:
+        facts[WORLD_ASSUMED] = assumed_world
+    finding = Finding("logs.silent_rank", silent, message, "primary" if one else "symptom", "hang", [], facts)
     return (silent if one else []), [finding], {"silent_ranks": silent}
 
 
@@ -463,12 +496,13 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
     such rank is the culprit; several are candidates; none (the highest ranks leave no trace) leaves the culprit
     unknown, unless the job's identity records (`records.ranks_known`) say how many ranks it had. A rank srun
     ended itself once a task had failed (`records.ended_by_launcher`) was running then: it did not leave first."""
-    seen = records.ranks_seen
+    seen = failing_ranks(records)
     if not seen:
         return [], [], {}
     running = records.ended_by_launcher - seen
-    # The job's identity records, and srun's list of the tasks it ended, know more of its world.
-    highest = max(max(seen), max(records.ranks_known, default=0), max(running, default=0))
+    world = known_world(records)
+    # The job's identity records, NCCL's world communicator and srun's list of the tasks it ended know its world.
+    highest = max(max(seen), (world or 0) - 1, max(running, default=0))
     missing = highest + 1 - len(seen) - len(running)
     if not missing:
         return [], [], {}
@@ -486,4 +520,4 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
         f"while {reporting} lost {'its' if len(seen) == 1 else 'their'} connection to a peer: "
         f"{'it' if len(silent) == 1 else 'one of them'} exited or was killed without an error of its own"
     )
-    return _silent_verdict(silent, message)
+    return _silent_verdict(silent, message, world is None and not _a_jobs_size(highest + 1) and highest + 1)

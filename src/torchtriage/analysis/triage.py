@@ -17,7 +17,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from torchtriage.analysis.cascades import Cascade, generic_lines, library_cascades
-from torchtriage.analysis.collective_timeouts import SEQS_ONLY, TIMEOUT_KINDS, collective_culprits, silent_ranks
+from torchtriage.analysis.collective_timeouts import (
+    SEQS_ONLY,
+    TIMEOUT_KINDS,
+    WORLD_ASSUMED,
+    collective_culprits,
+    silent_ranks,
+)
 from torchtriage.analysis.confidence import calibrated
 from torchtriage.analysis.consistency import consistent
 from torchtriage.analysis.finished_run import Failure, finished_despite, survived_warnings
@@ -846,6 +852,15 @@ def _assess_logs(records: LogRecords) -> Assessment:
         facts["aftermath"] = aftermath
     if blaming is not None and blaming.kind in TIMEOUT_KINDS:
         confidence = "high"  # the ranks' own records single the culprit out
+    elif blaming is not None and blaming.kind == "logs.silent_rank" and blaming.facts.get(WORLD_ASSUMED):
+        # Read from an absence, in a job whose size nothing said: a rank above the highest seen would be silent too.
+        confidence = "low"
+        doubt = (
+            f"the job's size is taken to be {blaming.facts[WORLD_ASSUMED]} (the highest rank seen, plus one): "
+            "nothing read says it, no job on whole nodes has it, and a rank above would be silent too"
+        )
+        facts.setdefault("doubts", []).append(doubt)
+        records.problems.append(f"Confidence low, not medium: {doubt}")
     elif blaming is not None and blaming.kind == "logs.silent_rank":
         confidence = "medium"  # read from an absence: a rank whose lines carry no rank prefix looks silent too
     elif primary.kind == UNCAUGHT_EXCEPTION:
