@@ -80,6 +80,9 @@ class Failure:
     truth: str
     accept: frozenset[str] = frozenset()
     note: str = ""
+    # The ranks a verdict may name, where the writer knows better than its Writer's `names_culprit`: an empty set
+    # makes no claim (the lines number nodes, not ranks).
+    culprits: frozenset[int] | None = None
 
 
 class Job:
@@ -1288,7 +1291,8 @@ def w_host_oom_slurm(job: Job) -> Failure:
         lines.append(
             L(f"srun: error: {host}: task {r if job.launcher == 'srun' else job.node_of(r)}: Out Of Memory", LAUNCHER)
         )
-    return Failure("slurm oom kill", lines, "host_oom")
+    # Under torchrun srun's task is a node, which the log need not show: no claim on the rank named.
+    return Failure("slurm oom kill", lines, "host_oom", culprits=None if job.launcher == "srun" else frozenset())
 
 
 def w_host_oom_k8s(job: Job) -> Failure:
@@ -1842,8 +1846,13 @@ def w_benign_overflow_then(job: Job) -> Failure:
     for p in job.peers(rng.randint(1, 4), exclude={-1}):
         lines += watchdog_timeout(job, p, seq, op, 1048576, full=rng.random() < 0.5)
     lines += deepspeed_end(job, job.culprit, -6)
+    # Every rank that timed out aborts; the launcher names whichever it saw first: no claim on the culprit.
     return Failure(
-        "deepspeed warm-up overflow, then watchdog timeout", lines, "nccl_timeout", frozenset({"nccl_timeout", "hang"})
+        "deepspeed warm-up overflow, then watchdog timeout",
+        lines,
+        "nccl_timeout",
+        frozenset({"nccl_timeout", "hang"}),
+        culprits=frozenset(),
     )
 
 
@@ -1858,7 +1867,7 @@ def w_watchdog_timeout(job: Job) -> Failure:
     culprit (a rank that never joined) prints nothing: nccl_timeout, or hang."""
     rng = job.rng
     seq, op = rng.randint(2, 90000), rng.choice(OPS)
-    reporters = job.peers(rng.randint(1, min(8, job.world)), exclude={-1})
+    reporters = job.peers(rng.randint(1, min(8, job.world)))  # the culprit never joined: it prints nothing
     lines: list[L] = []
     job.v.clock += timedelta(milliseconds=job.timeout_ms)
     numel = None
@@ -1893,7 +1902,7 @@ def w_communicator_aborted(job: Job) -> Failure:
     (TORCH_NCCL_BLOCKING_WAIT=1)." in a DistBackendError. Inside a collective in the traceback."""
     rng = job.rng
     seq, op = rng.randint(2, 90000), rng.choice(OPS)
-    reporters = job.peers(rng.randint(1, min(6, job.world)), exclude={-1})
+    reporters = job.peers(rng.randint(1, min(6, job.world)))  # the culprit never joined: it prints nothing
     lines: list[L] = []
     job.v.clock += timedelta(milliseconds=job.timeout_ms)
     for p in reporters:
@@ -2560,6 +2569,12 @@ class Writer:
     category: str
     write: Callable[[Job], Failure]
     phase: str = "training"
+    # Whether the writer's lines put the failure on the job's culprit rank, the others' lines being what it did to
+    # them (or leave it silent: a rank that never joined prints nothing): then a verdict that names ranks names it.
+    # False where any rank may be the one its lines show (a program bug every rank meets, a NaN only rank 0 logs,
+    # ranks' stacks in a collective, a DeepEP timeout that names the peer it waited for). A writer's Failure may
+    # say otherwise (`culprits`).
+    names_culprit: bool = True
 
 
 WRITERS = (
@@ -2579,7 +2594,7 @@ WRITERS = (
     Writer("nan_inf", w_nan_loss_stop),
     Writer("nan_inf", w_megatron_nan),
     Writer("nan_inf", w_loss_scale_exhausted),
-    Writer("nan_inf", w_nan_checks),
+    Writer("nan_inf", w_nan_checks, names_culprit=False),
     Writer("mixed", w_benign_overflow_then),
     Writer("nccl_timeout", w_watchdog_timeout),
     Writer("nccl_timeout", w_communicator_aborted),
@@ -2590,7 +2605,7 @@ WRITERS = (
     Writer("rendezvous", w_tcpstore_listen, "launch"),
     Writer("rendezvous", w_store_barrier, "startup"),
     Writer("environment", w_environment, "startup"),
-    Writer("usage", w_usage),
-    Writer("hang", w_hang_pyspy),
-    Writer("deepep", w_deepep_then_peers),
+    Writer("usage", w_usage, names_culprit=False),
+    Writer("hang", w_hang_pyspy, names_culprit=False),
+    Writer("deepep", w_deepep_then_peers, names_culprit=False),
 )

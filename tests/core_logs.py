@@ -7,7 +7,10 @@ watchdog timeouts in each release's wording, NCCL's IB and socket errors, TCPSto
 program bugs, hangs, DeepEP's kernel timeouts), its values drawn from one made-up job (`Job`): its torch release,
 launcher, nodes, ranks, hosts, the rank that fails, its peers' collateral and the launcher's report.
 
-Each case carries its truth: the category, and the set of categories that are right answers. It is rendered as the
+Each case carries its truth: the category, the set of categories that are right answers, and the ranks a verdict
+may name (`Case.culprits`: the failing rank, where the writer's lines put the failure on it and its peers' lines are
+what it did to them; None where any rank may be the one the lines show, or the file cannot say: srun's task numbers
+under torchrun, several nodes' lines under torchrun --tee's local-rank prefix). It is rendered as the
 job's launcher captured it (`render`): every line under its launcher's prefix (torchrun's `[rankN]:` from 2.2 or
 `[defaultN]:`, srun's `N: `, DeepSpeed's pdsh `host: `, Ray's `(WorkerDict pid=.., ip=..) `, mpirun's
 `[1,N]<stderr>:`; the kernel's and the launcher's own lines bare), and, for some, under `kubectl logs --timestamps`.
@@ -33,7 +36,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from core_formats import AGENT, KERNEL, LAUNCHER, WRITERS, Job, L, preamble
+from core_formats import AGENT, KERNEL, LAUNCHER, RANK, WRITERS, Job, L, preamble
 
 CATEGORIES = tuple(dict.fromkeys(writer.category for writer in WRITERS))
 
@@ -50,9 +53,10 @@ REGRESSIONS = Path(__file__).parent / "core_regressions.txt"
 
 
 def prefix_of(job: Job, line: L) -> str:
-    """The launcher's prefix of a line: torchrun's `[rankN]:` (2.2+, its log line prefix) or `[defaultN]:` (--tee), srun
-    --label's task id (the rank: one task a GPU), DeepSpeed's pdsh `host: ` on several nodes, Ray's `(WorkerDict
-    pid=%d, ip=%s) ` (python/ray/_private/log_monitor.py), mpirun's `[1,N]<stderr>:` (--tag-output)."""
+    """The launcher's prefix of a line: torchrun's `[rankN]:` (2.2+, its log line prefix) or `[defaultN]:` (--tee, N
+    the local rank), srun --label's task id (the rank: one task a GPU), DeepSpeed's pdsh `host: ` on several nodes,
+    Ray's `(WorkerDict pid=%d, ip=%s) ` (python/ray/_private/log_monitor.py), mpirun's `[1,N]<stderr>:`
+    (--tag-output)."""
     if line.kind == KERNEL or line.kind == LAUNCHER:
         return ""
     p = job.prefix
@@ -64,7 +68,7 @@ def prefix_of(job: Job, line: L) -> str:
     if p == "rank":
         return f"[rank{rank}]:"
     if p == "default":
-        return f"[default{rank}]:"
+        return f"[default{job.local(rank)}]:"  # --tee's role and LOCAL rank (tail_log.py): node 1's rank 4 is default0
     if p == "srun":
         return f"{rank}: "
     if p == "deepspeed":
@@ -113,6 +117,17 @@ class Case:
     text: str
     note: str = ""
     job: str = ""  # torch release, launcher/prefix, nodes x ranks, training style
+    # The ranks a verdict may name (the failing rank: its peers' lines are what it did to them), or None where any
+    # rank may be the one the lines show (core_formats.Writer.names_culprit).
+    culprits: frozenset[int] | None = None
+
+
+def _local_prefixes_of_nodes(job: Job, lines: list[L]) -> bool:
+    """Whether the ranks' lines come from several nodes under torchrun --tee's local-rank prefix: a merged file in
+    which `[default0]:` is every node's first rank, and the writers give only the first failed rank's node's agent
+    report, so what the file says of whose line is whose may place the culprit's lines on another node."""
+    nodes = {job.node_of(line.rank) for line in lines if line.kind == RANK and line.rank is not None}
+    return job.prefix == "default" and len(nodes) > 1
 
 
 def make(seed: int) -> Case:
@@ -127,7 +142,9 @@ def make(seed: int) -> Case:
     stamps = ", k8s timestamps" if job.timestamps else ""
     desc = f"torch {job.era}, {job.launcher}/{job.prefix}, {job.nodes}x{job.per_node}, {job.style}{stamps}"
     category = failure.truth if writer.category == "mixed" else writer.category
-    return Case(seed, category, failure.writer, failure.truth, accept, text, failure.note, desc)
+    culprits = failure.culprits if failure.culprits is not None else frozenset({job.culprit})
+    claim = culprits if writer.names_culprit and culprits and not _local_prefixes_of_nodes(job, failure.lines) else None
+    return Case(seed, category, failure.writer, failure.truth, accept, text, failure.note, desc, claim)
 
 
 # --- Verdicts -----------------------------------------------------------------------------------------------
@@ -139,26 +156,36 @@ class Outcome:
     category: str
     confidence: str
     summary: str
+    culprits: tuple[int, ...] = ()
 
     @property
     def right(self) -> bool:
-        return self.category in self.case.accept
+        return self.category in self.case.accept and not self.names_another_rank
+
+    @property
+    def names_another_rank(self) -> bool:
+        """The verdict names a rank the case's truth does not (naming none is no wrong: the rank may be unsaid)."""
+        claim = self.case.culprits
+        return claim is not None and bool(self.culprits) and not set(self.culprits) <= claim
 
     @property
     def tolerated(self) -> bool:
-        """Right, or `unknown` where triage does not yet read the shape (`KNOWN_GAPS`)."""
-        return self.right or (self.category == "unknown" and self.case.shape in KNOWN_GAPS)
+        """The category right, or `unknown` where triage does not yet read the shape (`KNOWN_GAPS`)."""
+        return self.category in self.case.accept or (self.category == "unknown" and self.case.shape in KNOWN_GAPS)
 
     @property
     def wrong_at(self) -> str | None:
-        """The confidence of a wrong verdict (an `unknown` is no wrong category), else None."""
-        return None if self.right or self.category == "unknown" else self.confidence
+        """The confidence of a wrong verdict (an `unknown` that names no rank is no wrong), else None."""
+        return None if self.right or (self.category == "unknown" and not self.culprits) else self.confidence
 
     def describe(self) -> str:
         c = self.case
+        ranks = (
+            f" naming ranks {list(self.culprits)} (truth {sorted(c.culprits or [])})" if self.names_another_rank else ""
+        )
         return (
             f"{c.seed}  # {c.category} / {c.shape} [{c.job}]: want {sorted(c.accept)}, got {self.category} "
-            f"({self.confidence}): {self.summary[:140]}"
+            f"({self.confidence}){ranks}: {self.summary[:140]}"
         )
 
 
@@ -166,7 +193,7 @@ def outcome(case: Case) -> Outcome:
     from torchtriage.analysis.pipeline import triage_text
 
     verdict = triage_text(case.text)
-    return Outcome(case, str(verdict.category), str(verdict.confidence), verdict.summary)
+    return Outcome(case, str(verdict.category), str(verdict.confidence), verdict.summary, tuple(verdict.culprit_ranks))
 
 
 def main() -> int:
@@ -188,18 +215,26 @@ def main() -> int:
         counts["right"] += result.right
         counts["unknown"] += result.category == "unknown"
         counts[f"wrong@{result.wrong_at}"] += result.wrong_at is not None
+        counts["another"] += result.names_another_rank
         if not result.right:
             print(result.describe(), flush=True)
         failed += not result.tolerated or result.wrong_at is not None
     print(f"\n{args.count - failed} of {args.count} cases right (or unknown where KNOWN_GAPS says so)")
-    print(f"{'category':<15} {'writer':<52} {'cases':>5} {'right':>5} {'unknown':>7} {'wrong@high/med/low':>18}")
+    print(
+        f"{'category':<15} {'writer':<52} {'cases':>5} {'right':>5} {'unknown':>7} {'wrong@high/med/low':>18} "
+        f"{'another rank':>12}"
+    )
     totals: Counter = Counter()
-    for (category, shape), c in sorted(tally.items()):
+    for (category, shape), c in [*sorted(tally.items()), (("total", ""), None)]:
+        if c is None:
+            c = totals
+        else:
+            totals.update(c)
         wrong = f"{c['wrong@high']}/{c['wrong@medium']}/{c['wrong@low']}"
-        print(f"{category:<15} {shape[:52]:<52} {c['cases']:5d} {c['right']:5d} {c['unknown']:7d} {wrong:>18}")
-        totals.update(c)
-    wrong = f"{totals['wrong@high']}/{totals['wrong@medium']}/{totals['wrong@low']}"
-    print(f"{'total':<15} {'':<52} {totals['cases']:5d} {totals['right']:5d} {totals['unknown']:7d} {wrong:>18}")
+        print(
+            f"{category:<15} {shape[:52]:<52} {c['cases']:5d} {c['right']:5d} {c['unknown']:7d} {wrong:>18} "
+            f"{c['another']:12d}"
+        )
     return 1 if failed else 0
 
 

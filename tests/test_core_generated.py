@@ -5,9 +5,11 @@ watchdog timeouts, NCCL's IB and socket errors, TCPStore and its barriers, set-u
 DeepEP's kernel timeouts, each inside one made-up job's output (its ranks, its launcher's prefixes and report, its
 peers' collateral timeouts and transport errors).
 
-What a user relies on: the verdict names the failure's category (or one of the answers the case accepts); a wrong
-verdict never says confidence high, nor medium. Where triage does not yet read a shape (core_logs.KNOWN_GAPS: cuDNN's
-"Unable to find a valid cuDNN algorithm"), the verdict may be `unknown`, never another category.
+What a user relies on: the verdict names the failure's category (or one of the answers the case accepts), and names
+no rank the case's truth does not (where the writer's lines put the failure on one rank: `Case.culprits`); a wrong
+verdict, of the category or of the rank, never says confidence high, nor medium. Where triage does not yet read a
+shape (core_logs.KNOWN_GAPS: cuDNN's "Unable to find a valid cuDNN algorithm"), the verdict may be `unknown`, never
+another category.
 
 TORCHTRIAGE_CORE_CASES seeds (default 300, a few seconds on one core), then every seed in core_regressions.txt.
 The long run: `python tests/core_logs.py --count 5000`.
