@@ -124,9 +124,14 @@ def test_nccls_world_communicator_under_a_local_prefix_places_the_rank(tmp_path)
     lines = [comm(2, 2, 8, "Init COMPLETE"), comm(2, 10, 16), comm(0, 8, 16, "Init COMPLETE"), TEE_OOM]
     _, verdict = triage_json(write(tmp_path, lines))
     assert (verdict["culprit_ranks"], verdict["confidence"]) == ([10], "high"), verdict["summary"]
-    # Two nodes' local rank 2 in one file: whose line it is is not said.
+    # Two nodes' local rank 2 in one file: whose line it is is not said. Where NCCL's line and torchrun's report
+    # place local rank 2 apart (node 0's set-up, node 1's failure), the prefix places nothing; the report's one
+    # failed rank, ended by the exception above it (exit 1), is the OOM's.
     _, merged = triage_json(write(tmp_path, [comm(2, 10, 16), comm(2, 2, 16), TEE_OOM]))
     assert merged["culprit_ranks"] == []
+    report = ["Root Cause (first observed failure):", "[0]:", "  host      : gpu-b", "  rank      : 10 (local_rank: 2)"]
+    _, apart = triage_json(write(tmp_path, [comm(2, 2, 16), TEE_OOM, *report, "  exitcode  : 1 (pid: 5512)"]))
+    assert apart["culprit_ranks"] == [10], apart["summary"]
 
 
 # ProcessGroupNCCL.cpp's watchdog (torch 2.4): each rank that timed out prints it, behind its own prefix.

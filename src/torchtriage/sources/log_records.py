@@ -591,6 +591,8 @@ class _LocalRanks:
 
     def settle(self, ranks_seen: set[int], tracebacks: list[PyTraceback], failures: list[ChildFailure]) -> None:
         mapping = self.mapping(failures)
+        # Accounts that place one local rank at two ranks speak of two nodes, whose lines this file holds both of.
+        self.other_nodes |= mapping is None
         placed = {
             local: (mapping or {}).get(local)
             for local in self.seen | {e.rank for e in self.events if e.rank is not None}
