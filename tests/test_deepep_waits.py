@@ -34,6 +34,15 @@ def test_one_ranks_view_names_its_peer_in_the_jobs_numbering(tmp_path):
     assert verdict["culprit_ranks"] == [14], verdict["summary"]
 
 
+def test_without_the_printers_job_rank_its_peer_is_said_as_a_local_rank_of_some_node(tmp_path):
+    # NVLink ranks number one node's GPUs: "rank = 3, thread = 1" printed bare, in a job of many nodes, is node N's
+    # local rank 1, not the job's rank 1.
+    bare = [LINE.format(rank=3, thread=t, value=1024 if t == 1 else 0) for t in range(8)]
+    code, verdict = triage_json(write(tmp_path, bare))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("deepep", []), verdict["summary"]
+    assert verdict["facts"]["local_ranks"] == [1] and "local rank 1 of a node" in verdict["summary"]
+
+
 def test_slots_all_cleared_name_nobody(tmp_path):
     # Older releases print no value: the printers wait, and the line does not say for whom.
     lines = [f"[rank{r}]:DeepEP timeout check failed: rank = {r}, thread = 0)" for r in (0, 2, 3, 7)]

@@ -789,8 +789,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
     elif culprits != named:
         named_by = None
     if _named_only_as("local", same_failure, culprits):
-        # torchrun --tee's "[default3]:" is the rank within its node; nothing read says which node, nor that there
-        # was one: the job's rank is not named, the local one is said.
+        # torchrun --tee's "[default3]:", DeepEP's NVLink rank: a rank within its node; nothing read says which node,
+        # nor that there was one: the job's rank is not named, the local one is said.
         facts["local_ranks"], culprits = culprits, []
     blaming = next((f for f in findings if f.kind in _BLAMING_KINDS and f.ranks == culprits and culprits), None)
     if causing:
@@ -952,7 +952,7 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
         return f"{head} on {facts['host']} ({agent})"
     if not culprits and facts.get("local_ranks"):
         local = format_ranks(facts["local_ranks"]).replace("rank", "local rank")
-        return f"{head} on {local} of a node the log does not name (torchrun --tee numbers the ranks within a node)"
+        return f"{head} on {local} of a node the log does not name (its ranks are numbered within their node)"
     if not culprits and primary.event is not None and primary.event.rule.shared_state:
         return f"{head}; a state every rank shares, so no rank is its culprit"
     if not culprits and primary.role == "primary":

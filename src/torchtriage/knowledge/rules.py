@@ -71,6 +71,7 @@ _OPTIONAL = {
     "culprit_of": STRINGS,
     "calibration": BOOLEAN,
     "shared_state": BOOLEAN,
+    "local_numbering": BOOLEAN,
 }
 _ACTION_KEYS = ({"title": STRING}, {"detail": STRING, "command": STRING, "env": STRING_TABLE, "when": STRING})
 
@@ -151,6 +152,9 @@ class Rule:
     # all-reduce made equal, or all-reduces the overflow flag, before the scale changes): the rank that prints it
     # is whichever logs it (rank 0) or gets there first, never its culprit.
     shared_state: bool = False
+    # The line numbers ranks within its node (DeepEP's intranode kernels number the NVLink peers 0-7): where its
+    # printer's job rank is not known (no launcher's prefix), the rank it names (`rank_fact`) is a local rank.
+    local_numbering: bool = False
 
     def raised_elsewhere(self, files: Sequence[str]) -> bool:
         """Whether a traceback ending in this rule's line, its frames' files innermost first, was raised by a
@@ -315,6 +319,7 @@ def _build_rule(raw: dict, file: str) -> Rule:
         culprit_of=tuple(raw.get("culprit_of", [])),
         calibration=bool(raw.get("calibration", False)),
         shared_state=bool(raw.get("shared_state", False)),
+        local_numbering=bool(raw.get("local_numbering", False)),
     )
 
 

@@ -344,10 +344,13 @@ class _FileReader:
                 event_rank = _rank_of(facts["task"])
             elif event_rank is not None and not named_file and not (line.rank_is_local and event_rank == line.rank):
                 self.records.ranks_seen.add(event_rank)
+            # A rank named in a node's own numbering, its printer's job rank unknown: a local rank of some node.
+            local_only = named is not None and rank is None and found.rule.local_numbering
             event = LogEvent(
                 rule=found.rule,
                 facts=facts,
                 rank=event_rank,
+                rank_from="local" if local_only else None,
                 time=time,
                 file=self.artifact.display,
                 line=line_no,
