@@ -397,7 +397,7 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     if set(silent) <= closed:
         message += f"; torchrun's report shows {'it' if one else 'them'} running when the agent closed the workers"
     unsure = world is None and not set(silent) <= closed and not _a_jobs_size(max(seen) + 1)
-    return _silent_verdict(silent, message, unsure and max(seen) + 1)
+    return _silent_verdict(silent, message, max(seen) + 1 if unsure else None)
 
 
 def _closed_while_running(records: LogRecords) -> set[int]:
@@ -472,13 +472,13 @@ def _a_jobs_size(ranks: int) -> bool:
 
 
 def _silent_verdict(
-    silent: list[int], message: str, assumed_world: int | bool = False
+    silent: list[int], message: str, assumed_world: int | None = None
 ) -> tuple[list[int], list[Finding], dict]:
     """What silent ranks decide: one is the culprit; several are candidates, undecided. `assumed_world`: the size
     the reading took the job to have, where nothing read said it."""
     one = len(silent) == 1
     facts: dict = {} if one else {"undecided": True}
-    if assumed_world:
+    if assumed_world is not None:
         facts[WORLD_ASSUMED] = assumed_world
     finding = Finding("logs.silent_rank", silent, message, "primary" if one else "symptom", "hang", [], facts)
     return (silent if one else []), [finding], {"silent_ranks": silent}
@@ -520,4 +520,5 @@ def silent_ranks(records: LogRecords) -> tuple[list[int], list[Finding], dict]:
         f"while {reporting} lost {'its' if len(seen) == 1 else 'their'} connection to a peer: "
         f"{'it' if len(silent) == 1 else 'one of them'} exited or was killed without an error of its own"
     )
-    return _silent_verdict(silent, message, world is None and not _a_jobs_size(highest + 1) and highest + 1)
+    unsure = world is None and not _a_jobs_size(highest + 1)
+    return _silent_verdict(silent, message, highest + 1 if unsure else None)

@@ -887,7 +887,8 @@ def _assess_logs(records: LogRecords) -> Assessment:
 
 
 def _named_only_as(origin: str, candidates: list[_Candidate], culprits: list[int]) -> bool:
-    """Whether every line that names the culprits names a launcher's number taken for a rank (`LogEvent.rank_from`)."""
+    """Whether every line that names the culprits names a number taken for a job's rank on the assumption `origin`
+    (`LogEvent.rank_from`: "task", "local")."""
     naming = [c for c in candidates if c.rank in culprits]
     return bool(naming) and all(c.event is not None and c.event.rank_from == origin for c in naming)
 

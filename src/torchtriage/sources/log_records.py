@@ -49,9 +49,9 @@ class LogEvent:
     severity: str | None = None  # glog's I/W/E/F (or the logger's level) where the line carries one
     aftermath: bool = False  # after a line of its file that says what it is the aftermath of (`aftermath_after`)
     host: str | None = None  # the host a launcher put before the line (pdsh's "node-07: "): the machine that printed it
-    # Where the rank is a launcher's number taken for the job's rank on no more than an assumption: "task" (srun's
-    # task, a node's where srun started torchrun), "local" (torchrun --tee's rank within its node, where nothing
-    # said the job ran on one node).
+    # Where the rank is a number taken for the job's rank on no more than an assumption: "task" (srun's task, a
+    # node's where srun started torchrun), "local" (a rank within its node, where nothing placed the node: torchrun
+    # --tee's prefix, DeepEP's NVLink rank; the verdict says it and names no job rank).
     rank_from: str | None = None
 
 
@@ -304,7 +304,7 @@ class _FileReader:
         if line.rank_is_local and rank is not None:
             self.local.read_comm_line(rank, text)
         if _NCCL_INIT_START in text:
-            return  # NCCL's set-up, passed for the line above: it reports nothing, and counts no rank as failing
+            return  # the prefilter passes NCCL's set-up line for read_comm_line alone: it reports no failure
         self.launch.read(line_no, text)
         self.srun.read(text)
         if _BOOT_SEPARATOR.match(text):
@@ -577,25 +577,22 @@ class _LocalRanks:
         whose is not said)."""
         mapping: dict[int, int] = {}
         reported = {f.local_rank: f.rank for f in failures if None not in (f.local_rank, f.rank)}
-        for one in [*self.mappings, reported, *self._world_comm()]:
+        # NCCL's world communicator, one pair a dict so that two nodes' local rank 6 disagree
+        for one in [*self.mappings, reported, *({local: rank} for local, rank in self._world_comm())]:
             for local, rank in one.items():
                 if mapping.setdefault(local, rank) != rank:
                     return None
         return mapping
 
-    def _world_comm(self) -> list[dict[int, int]]:
-        """local -> rank in the largest communicator NCCL set up (the world's: its ranks are the job's), one pair a
-        dict so that two nodes' local rank 6 disagree; a local rank whose rank there differs is another node's sign."""
-        if not self._comms:
-            return []
-        pairs = self._comms[max(self._comms)]
-        self.other_nodes |= any(local != rank for local, rank in pairs)
-        return [{local: rank} for local, rank in sorted(pairs)]
+    def _world_comm(self) -> list[tuple[int, int]]:
+        """(local rank, rank) in the largest communicator NCCL set up: the world's, whose ranks are the job's."""
+        return sorted(self._comms[max(self._comms)]) if self._comms else []
 
     def settle(self, ranks_seen: set[int], tracebacks: list[PyTraceback], failures: list[ChildFailure]) -> None:
         mapping = self.mapping(failures)
-        # Accounts that place one local rank at two ranks speak of two nodes, whose lines this file holds both of.
-        self.other_nodes |= mapping is None
+        # Accounts that place one local rank at two ranks speak of two nodes, whose lines this file holds both of; a
+        # local rank whose rank in the world's communicator differs is another node's.
+        self.other_nodes |= mapping is None or any(local != rank for local, rank in self._world_comm())
         placed = {
             local: (mapping or {}).get(local)
             for local in self.seen | {e.rank for e in self.events if e.rank is not None}

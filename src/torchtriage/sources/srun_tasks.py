@@ -3,7 +3,7 @@
 srun reports how each task ended (SchedMD/slurm src/srun, its task-exit handler): "srun: error: <hosts>: task<s>
 <list>: Exited with exit code <n>" or "...: <strsignal>" ("Terminated", "Killed", "Segmentation fault (core
 dumped)"), the list ranged ("0,2-63"). Once a task fails under --kill-on-bad-exit, srun ends the step itself and says
-so, "srun: Terminating StepId=<id>" (older "srun: launch/slurm: _step_signal: Terminating StepId=<id>"), then
+so, "srun: Terminating StepId=<id>" (some releases "srun: launch/slurm: _step_signal: Terminating StepId=<id>"), then
 reports the tasks it ended: SIGTERM's "Terminated", SIGKILL's "Killed". Those tasks were running when the first one
 failed: none of them left first. Where srun started the ranks themselves its task numbers are ranks; where it
 started torchrun's agent on each node they are nodes, and the reader drops them (sources/log_records.py).
