@@ -555,6 +555,28 @@ def test_a_rank_that_queued_ops_behind_the_one_every_rank_timed_out_in_is_not_bl
     assert verdict["culprit_ranks"] == [1], verdict["summary"]
 
 
+def test_ranks_that_queued_less_behind_the_collective_every_rank_timed_out_in_are_not_behind(tmp_path):
+    # Ranks 0-1 enqueued seq 312 and stopped; ranks 2-4 queued 313 behind it; every one's watchdog timed out at 312
+    # (rank 4 says it in its timeout line, its status has no seq). Fewer ops queued behind the one they all wait in
+    # is no departure: the rank that never joined printed nothing (rank 5 of the 8 NCCL set up), and the candidates are
+    # the silent ones, never the ranks that waited.
+    lines = [
+        STATUS.format(
+            rank=r, pg=0, guid="0(default_pg)", group_rank=r, seq=312, enqueued=312 if r < 2 else 313, completed=311
+        )
+        for r in range(4)
+    ]
+    lines += [
+        DUMP.format(rank=4, enqueued=313).replace("last completed NCCL work: 313", "last completed NCCL work: 311")
+    ]
+    timeout = "[rank{rank}]:[E0601 12:10:01.0 ProcessGroupNCCL.cpp:689] " + WATCHDOG.replace("812", "312")
+    lines += [timeout.format(rank=r) for r in range(5)]
+    init = "[rank0]:gpu-a:4121:4190 [0] NCCL INFO comm 0x55d1c2a0b3f0 rank 0 nranks 8 cudaDev 0 busId 18000 - Init "
+    code, verdict = triage_json(write(tmp_path, "job.log", [init + "COMPLETE", *lines]))
+    assert verdict["culprit_ranks"] == [], verdict["summary"]
+    assert verdict["facts"].get("candidates") == [5, 6, 7], verdict["summary"]
+
+
 def test_the_ranks_monitored_barrier_names_are_the_culprits_whatever_the_others_stacks_say(tmp_path):
     # ProcessGroupGloo::monitoredBarrier: rank 0 names each rank it missed (one line per rank with
     # wait_all_ranks=True); the ranks that arrived raise "successfully reached monitoredBarrier". A traceback cut

@@ -90,12 +90,16 @@ def progress_by_group(events: list[LogEvent]) -> dict[str, dict[int, RankProgres
     groups: dict[str, dict[int, RankProgress]] = {}
     stuck: dict[tuple[str, int], int] = {}  # (group, rank) -> the seq its watchdog's status line timed out at
     for event in events:
+        # the seq its watchdog timed out at, from its timeout line or its status line, with counters or without (a
+        # send's or recv's seq counts p2p ops, which the counters do not)
+        p2p = event.facts.get("op", "").upper() in _P2P_OP_TYPES
+        if event.rank is not None and not p2p and (seq := _int(event.facts.get("seq"))) is not None:
+            stuck.setdefault((_group_named(event.facts), event.rank), seq)
+    for event in events:
         enqueued = _int(event.facts.get("last_enqueued"))
         if event.rank is None or enqueued is None:
             continue
         group = _group_named(event.facts)
-        if (seq := _int(event.facts.get("seq"))) is not None:
-            stuck.setdefault((group, event.rank), seq)
         progress = groups.setdefault(group, {})
         known = progress.get(event.rank)
         if known is None or enqueued >= known.last_enqueued:
@@ -114,10 +118,15 @@ def _evidence_of(events: list[LogEvent]) -> list[Evidence]:
 def _departed(progress: dict[int, RankProgress], majority: int) -> list[int]:
     """The ranks whose counters leave the majority's: behind it (they never enqueued what most ranks did), or
     ahead of it, unless their own watchdog timed out at a collective the majority enqueued too (enqueued is
-    asynchronous: a rank may queue ops behind the one it waits in)."""
+    asynchronous: a rank may queue ops behind the one it waits in). A rank behind whose own watchdog timed out in
+    the collective most ranks' did, which it enqueued, waits in that collective with them: it only queued less
+    behind it."""
+    stuck = Counter(p.stuck_seq for p in progress.values() if p.stuck_seq is not None).most_common(1)
+    common_stuck = stuck[0][0] if stuck and stuck[0][1] > len(progress) / 2 else None
     found = []
     for rank, p in progress.items():
-        if p.last_enqueued < majority:
+        in_it = p.stuck_seq is not None and p.stuck_seq == common_stuck and p.last_enqueued >= p.stuck_seq
+        if p.last_enqueued < majority and not in_it:
             found.append(rank)
         elif p.last_enqueued > majority and not (p.stuck_seq is not None and p.stuck_seq <= majority):
             found.append(rank)
@@ -152,19 +161,21 @@ def sequence_outliers(progress: dict[int, RankProgress]) -> tuple[list[int], Fin
         evidence = _evidence_of([progress[r].evidence for r in idle])
         return idle, Finding("logs.idle_rank", idle, message, "primary", "hang", evidence)
     stuck = {p.stuck_seq for p in progress.values()}
+    evidence = _evidence_of([p.evidence for p in progress.values()])
     if None not in stuck and len(stuck) == 1:
+        # Every one of these ranks waits in the collective: none of them is a candidate (a rank that printed no
+        # counters may be, analysis below).
         message = (
             f"every rank's own watchdog timed out at seq {stuck.pop()} ({described}): each issued it, and the "
             "ranks that enqueued more only queued ops behind it; the counters name no rank (run `torchtriage fr` "
             "on the flight-recorder dumps: the op's state on each rank decides)"
         )
-    else:
-        message = (
-            f"the ranks wait in different collectives ({described}): one side skipped a collective or the other "
-            "issued an extra one, and the logs cannot tell which (run `torchtriage fr` on the flight-recorder "
-            "dumps, or `torchtriage diagnose` on the live job: the call sites decide)"
-        )
-    evidence = _evidence_of([p.evidence for p in progress.values()])
+        return [], Finding("logs.lagging_rank", sorted(progress), message, "symptom", "hang", evidence)
+    message = (
+        f"the ranks wait in different collectives ({described}): one side skipped a collective or the other "
+        "issued an extra one, and the logs cannot tell which (run `torchtriage fr` on the flight-recorder "
+        "dumps, or `torchtriage diagnose` on the live job: the call sites decide)"
+    )
     return [], Finding(
         "logs.lagging_rank", sorted(progress), message, "symptom", "hang", evidence, facts={"undecided": True}
     )
