@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from torchtriage.analysis.positions import position_of
 from torchtriage.analysis.rank_comparisons import DETAIL_KIND, DETAIL_RULE, hang_comparison
-from torchtriage.analysis.xid_buses import INIT_RULE
+from torchtriage.analysis.xid_buses import world_communicator_size
 from torchtriage.model import Evidence, Finding, RankPosition, SourceKind
 from torchtriage.ranks import format_ranks
 from torchtriage.sources.log_records import LogEvent, LogRecords, PyTraceback
@@ -470,7 +470,8 @@ def known_world(records: LogRecords) -> int | None:
     size of the largest communicator NCCL set up (the world's: "comm 0x... rank 3 nranks 16 ... Init COMPLETE"); a
     launcher's list of the tasks it ended (`ended_by_launcher`) says at least that many."""
     sizes = [max(records.ranks_known) + 1] if records.ranks_known else []
-    sizes += [int(e.facts["world_size"]) for e in records.events if e.rule.id == INIT_RULE and "world_size" in e.facts]
+    if (nccl := world_communicator_size(records.events)) is not None:
+        sizes.append(nccl)
     if not sizes:
         return None
     return max(max(sizes), max(records.ended_by_launcher, default=-1) + 1)

@@ -898,7 +898,7 @@ def _task_number_doubt(same_failure: list[_Candidate], culprits: list[int]) -> s
     the ranks themselves, a node where it started torchrun's agent on each (whose lines a log need not show)."""
     if not _named_only_as("task", same_failure, culprits):
         return None
-    tasks = format_ranks(culprits).replace("rank", "task")
+    tasks = format_ranks(culprits, noun="task")
     return (
         f"{format_ranks(culprits)} is read from the launcher's {tasks}: a rank where the launcher started the "
         "ranks themselves, a node where it started torchrun on each"
@@ -952,7 +952,7 @@ def _summary(primary: _Candidate, culprits: list[int], frame, facts: dict, findi
         agent = f"the launcher's task {facts['task']}: a node's torchrun agent, whose ranks the log does not say"
         return f"{head} on {facts['host']} ({agent})"
     if not culprits and facts.get("local_ranks"):
-        local = format_ranks(facts["local_ranks"]).replace("rank", "local rank")
+        local = format_ranks(facts["local_ranks"], noun="local rank")
         return f"{head} on {local} of a node the log does not name (its ranks are numbered within their node)"
     if not culprits and primary.event is not None and primary.event.rule.shared_state:
         return f"{head}; a state every rank shares, so no rank is its culprit"

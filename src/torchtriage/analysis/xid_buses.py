@@ -52,11 +52,21 @@ class JobGpus:
         return {host for host, _ in self.by_gpu}
 
 
+def _world_inits(events: Sequence[LogEvent]) -> list[LogEvent]:
+    """NCCL's set-up lines of the communicators ("comm 0x... rank 3 nranks 16 cudaDev 3 busId ... Init COMPLETE")."""
+    return [e for e in events if e.rule.id == INIT_RULE and "world_size" in e.facts]
+
+
+def world_communicator_size(events: Sequence[LogEvent]) -> int | None:
+    """The size of the largest communicator NCCL set up: the world's, whose ranks are the job's."""
+    return max((int(e.facts["world_size"]) for e in _world_inits(events)), default=None)
+
+
 def job_gpus(events: Sequence[LogEvent]) -> JobGpus | None:
-    inits = [e for e in events if e.rule.id == INIT_RULE and "bus_id" in e.facts and "world_size" in e.facts]
-    if not inits:
+    inits = [e for e in _world_inits(events) if "bus_id" in e.facts]
+    world = world_communicator_size(inits)
+    if world is None:
         return None
-    world = max(int(e.facts["world_size"]) for e in inits)
     by_gpu = {}
     for event in inits:
         if int(event.facts["world_size"]) != world or not event.facts.get("rank", "").isdigit():
@@ -76,10 +86,10 @@ def job_pids(events: Sequence[LogEvent], failures: Sequence[ChildFailure] = ()) 
         for f in failures
         if f.rank is not None and f.pid is not None
     }
-    inits = [e for e in events if e.rule.id == INIT_RULE and "world_size" in e.facts]
-    if not inits:
+    inits = _world_inits(events)
+    world = world_communicator_size(inits)
+    if world is None:
         return pids
-    world = max(int(e.facts["world_size"]) for e in inits)
     for event in inits:
         prefix = NCCL_PREFIX.match(event.text)
         if prefix and int(event.facts["world_size"]) == world and event.facts.get("rank", "").isdigit():

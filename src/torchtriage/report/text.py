@@ -32,7 +32,7 @@ def _culprit_line(verdict: Verdict) -> str:
     if candidates:
         return f"undecided between {format_ranks(candidates)}: the evidence cannot tell them apart"
     if local := verdict.facts.get("local_ranks"):
-        return f"{format_ranks(local).replace('rank', 'local rank')} of a node the log does not name"
+        return f"{format_ranks(local, noun='local rank')} of a node the log does not name"
     return "not identified"
 
 
