@@ -112,6 +112,19 @@ def test_a_local_rank_no_account_places_names_no_rank_on_several_nodes_and_itsel
     assert unsaid["facts"]["local_ranks"] == [2] and "local rank 2 of a node" in unsaid["summary"]
 
 
+def test_a_local_rank_that_only_a_lesser_line_names_is_still_a_local_rank(tmp_path):
+    # The driver's Xid names no rank (the kernel's line); the CUDA error under "[default4]:" is what names one, a
+    # rank within its node: the verdict says the local rank, whichever line leads.
+    xid = (
+        "[3589791.241081] NVRM: Xid (PCI:0000:18:00): 119, pid=1941502, name=pt_main_thread, Timeout after 6s of "
+        "waiting for RPC response from GPU10 GSP! Expected function 76 (GSP_RM_CONTROL) (0x20803039 0x8)."
+    )
+    error = "[default4]:RuntimeError: CUDA error: unknown error"
+    _, verdict = triage_json(write(tmp_path, [error, xid]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("gpu_fault", []), verdict["summary"]
+    assert verdict["facts"]["local_ranks"] == [4] and "local rank 4 of a node" in verdict["summary"]
+
+
 def test_nccls_world_communicator_under_a_local_prefix_places_the_rank(tmp_path):
     # NCCL 2.19+ src/init.cc "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init START":
     # local rank 2's process is rank 10 of the 16-rank world (a subgroup's smaller communicator says nothing of it).

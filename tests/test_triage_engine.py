@@ -151,6 +151,27 @@ def test_a_silent_rank_below_ranks_that_no_job_size_ends_is_said_at_low_and_a_kn
     assert (verdict["culprit_ranks"], verdict["facts"].get("candidates")) == ([], [1, 5, 6, 7]), verdict["summary"]
 
 
+def test_a_rank_that_printed_only_info_chatter_no_rule_reads_is_as_silent_as_one_that_printed_nothing(tmp_path):
+    # Ranks 1-3 timed out; rank 0 printed NCCL's set-up chatter ("Connected all rings", logged at INFO, a line with a
+    # rule's anchor that no rule reads) and its step lines, nothing of the failure: it never reached the collective.
+    header = "[E1130 10:20:00.0 ProcessGroupNCCL.cpp:689] "
+    chatter = "gpu-a:4121:4190 [0] NCCL INFO Connected all rings"
+    timeouts = [f"[rank{r}]:{header}" + WATCHDOG.format(rank=r) for r in (1, 2, 3)]
+    verdict = triage_json(write(tmp_path, "job.log", [f"[rank0]:{chatter}", "[rank0]:step 10 loss 2.1", *timeouts]))[1]
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([0], "medium"), verdict["summary"]
+    # the same in per-rank files, rank 0's named by its file only
+    (tmp_path / "ranks").mkdir()
+    write(tmp_path / "ranks", "rank0.log", [chatter])
+    for r in (1, 2, 3):
+        write(tmp_path / "ranks", f"rank{r}.log", [header + WATCHDOG.format(rank=r)])
+    verdict = triage_json(tmp_path / "ranks")[1]
+    assert (verdict["culprit_ranks"], verdict["confidence"]) == ([0], "medium"), verdict["summary"]
+    # a line of another level that could match, read by no rule, is a report of its own: the silence is not decided
+    warned = "[rank0]:[W1130 10:19:00.0 train.py:3] NCCL WARN Connected all rings"
+    verdict = triage_json(write(tmp_path, "job.log", [f"[rank0]:{chatter}", warned, *timeouts]))[1]
+    assert verdict["culprit_ranks"] == [], verdict["summary"]
+
+
 def test_a_rank_whose_watchdog_timed_out_in_an_earlier_collective_than_the_majority_is_behind(tmp_path):
     # Without status lines (torch < 2.2 prints no counters) each rank's watchdog still names the oldest collective
     # it enqueued that never completed: the majority completed seq 2200 and waits in 2201 for rank 3, still in 2200.

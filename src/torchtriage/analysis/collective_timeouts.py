@@ -375,11 +375,11 @@ def collective_culprits(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
 
 
 def failing_ranks(records: LogRecords) -> set[int]:
-    """The ranks the logs show, less those whose every line a rule read was logged at INFO level (NCCL's set-up,
-    DeepSpeed's [INFO]) with no traceback and no launcher's report of their own: such a rank printed nothing of the
-    failure, and is as silent as one that printed nothing at all."""
-    informing = {e.rank for e in records.events if e.severity == "I"}
-    failing = {e.rank for e in records.events if e.severity != "I"}
+    """The ranks the logs show, less those whose every line that counted them was logged at INFO level (NCCL's
+    set-up, DeepSpeed's [INFO]), read by a rule or not, with no traceback and no launcher's report of their own:
+    such a rank printed nothing of the failure, and is as silent as one that printed nothing at all."""
+    informing = {e.rank for e in records.events if e.severity == "I"} | records.ranks_informing
+    failing = {e.rank for e in records.events if e.severity != "I"} | records.ranks_reporting
     failing |= {tb.rank for tb in records.tracebacks} | {f.rank for f in records.child_failures}
     return records.ranks_seen - (informing - failing)
 

@@ -788,7 +788,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
         culprits = named
     elif culprits != named:
         named_by = None
-    if _named_only_as("local", same_failure, culprits):
+    if _named_only_as("local", candidates, culprits):
         # torchrun --tee's "[default3]:", DeepEP's NVLink rank: a rank within its node; nothing read says which node,
         # nor that there was one: the job's rank is not named, the local one is said.
         facts["local_ranks"], culprits = culprits, []

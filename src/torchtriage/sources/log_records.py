@@ -184,6 +184,11 @@ class LogRecords:
     tracebacks: list[PyTraceback] = field(default_factory=list)
     child_failures: list[ChildFailure] = field(default_factory=list)
     ranks_seen: set[int] = field(default_factory=set)
+    # Of `ranks_seen`, by the level of the lines that counted them: a rank among `ranks_informing` alone printed only
+    # chatter at INFO level (NCCL's set-up, a framework's [INFO]), which reports no failure (analysis:
+    # failing_ranks); a rank among `ranks_reporting` printed a line of another level, or of none said.
+    ranks_informing: set[int] = field(default_factory=set)
+    ranks_reporting: set[int] = field(default_factory=set)
     files_read: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tails: list[LogTail] = field(default_factory=list)
@@ -226,6 +231,15 @@ _LEVEL = re.compile(r"^(?:\[?(INFO|DEBUG)\]?[:\s]|.{0,40}?[\[|] ?(INFO|DEBUG) ?[
 def _level(text: str) -> str | None:
     """'I' for a line its logger printed at INFO or DEBUG level, else None."""
     return "I" if _LEVEL.match(text) else None
+
+
+def _count(records: LogRecords, rank: int, informing: set[bool]) -> None:
+    """Count `rank` among the ranks the logs show, by the levels of its lines (`informing`: True for INFO)."""
+    records.ranks_seen.add(rank)
+    if True in informing:
+        records.ranks_informing.add(rank)
+    if False in informing:
+        records.ranks_reporting.add(rank)
 
 
 def _report_time(value: str) -> float | None:
@@ -325,6 +339,7 @@ class _FileReader:
         if self.matcher.aftermath_markers:
             for rule_id in self.matcher.rules_in_aftermath(text):
                 self.aftermath_from.setdefault(rule_id, line_no)
+        level = line.severity or _level(text)
         for found in self.matcher.match(text):
             if ended is not None and found.rule.raised_elsewhere([f.file for f in reversed(ended.frames)]):
                 continue  # the traceback this line ends was raised by a library the rule is not about
@@ -356,7 +371,7 @@ class _FileReader:
                 line=line_no,
                 text=text.strip(),
                 order=len(self.records.events),
-                severity=line.severity or _level(text),
+                severity=level,
                 aftermath=line_no > self.aftermath_from.get(found.rule.id, line_no),
                 host=line.host,
             )
@@ -369,11 +384,11 @@ class _FileReader:
                 self.local.events.append(event)
         if rank is not None and counted:
             if by_name:
-                self.named.seen = True
+                self.named.seen.add(level == "I")
             elif line.rank_is_local:
-                self.local.seen.add(rank)
+                self.local.seen.setdefault(rank, set()).add(level == "I")
             else:
-                self.records.ranks_seen.add(rank)
+                _count(self.records, rank, {level == "I"})
 
     def _track_traceback(self, text: str, rank: int | None, line_no: int, time: float | None) -> PyTraceback | None:
         """Follow this rank's open traceback; the traceback when `text` is the exception line that ends it."""
@@ -455,10 +470,10 @@ class _FileReader:
         self.records.tracebacks.extend(self.open_tracebacks.values())
         self.open_tracebacks.clear()
         self._settle_task_ranks()
-        self.named.settle(self.records.ranks_seen)
+        self.named.settle(self.records)
         mine = [tb for tb in self.records.tracebacks if tb.file == self.artifact.display]
         failures = [f for f in self.records.child_failures if f.file == self.artifact.display]
-        self.local.settle(self.records.ranks_seen, mine, failures)
+        self.local.settle(self.records, mine, failures)
         if self.launch.finished_at is not None:
             self.records.launches_finished[self.artifact.display] = self.launch.finished_at
         if self.last_boot:
@@ -495,7 +510,7 @@ class _NamedRank:
     def __init__(self, rank: int | None):
         self.rank = rank
         self.merged = False  # a line carried another rank's prefix
-        self.seen = False  # a line that could match a rule took the name's rank
+        self.seen: set[bool] = set()  # the levels (True: INFO) of the lines that could match a rule and took its rank
         self.events: list[LogEvent] = []
         self.tracebacks: list[PyTraceback] = []
 
@@ -511,12 +526,12 @@ class _NamedRank:
         """The rank of the file's lines that carry no prefix, once it is read."""
         return None if self.merged else self.rank
 
-    def settle(self, ranks_seen: set[int]) -> None:
+    def settle(self, records: LogRecords) -> None:
         if self.merged:
             for item in (*self.events, *self.tracebacks):
                 item.rank = None
         elif self.rank is not None and (self.seen or self.events):
-            ranks_seen.add(self.rank)
+            _count(records, self.rank, self.seen)
 
 
 # torchrun's agent's account of its rendezvous (torch/distributed/elastic/agent/server/api.py, _rendezvous):
@@ -539,7 +554,7 @@ class _LocalRanks:
 
     def __init__(self):
         self.events: list[LogEvent] = []
-        self.seen: set[int] = set()
+        self.seen: dict[int, set[bool]] = {}  # local rank -> the levels of its lines that could match (True: INFO)
         self.mappings: list[dict[int, int]] = []  # one per agent account read
         self.other_nodes = False
         self.one_node = False  # the agent's account said so (group_world_size=1)
@@ -588,14 +603,14 @@ class _LocalRanks:
         """(local rank, rank) in the largest communicator NCCL set up: the world's, whose ranks are the job's."""
         return sorted(self._comms[max(self._comms)]) if self._comms else []
 
-    def settle(self, ranks_seen: set[int], tracebacks: list[PyTraceback], failures: list[ChildFailure]) -> None:
+    def settle(self, records: LogRecords, tracebacks: list[PyTraceback], failures: list[ChildFailure]) -> None:
         mapping = self.mapping(failures)
         # Accounts that place one local rank at two ranks speak of two nodes, whose lines this file holds both of; a
         # local rank whose rank in the world's communicator differs is another node's.
         self.other_nodes |= mapping is None or any(local != rank for local, rank in self._world_comm())
         placed = {
             local: (mapping or {}).get(local)
-            for local in self.seen | {e.rank for e in self.events if e.rank is not None}
+            for local in self.seen.keys() | {e.rank for e in self.events if e.rank is not None}
         }
         assumed = not self.other_nodes and not mapping
         if assumed:
@@ -606,7 +621,9 @@ class _LocalRanks:
         for traceback in tracebacks:
             if traceback.rank in placed and traceback.rank in self.seen:
                 traceback.rank = placed[traceback.rank]
-        ranks_seen.update(rank for local, rank in placed.items() if rank is not None and local in self.seen)
+        for local, rank in placed.items():
+            if rank is not None and local in self.seen:
+                _count(records, rank, self.seen[local])
 
 
 # Below this many logs, forking costs more than reading them here (a small log takes about 40 µs to read).
@@ -705,6 +722,8 @@ def _add(records: LogRecords, one: LogRecords) -> None:
     records.tracebacks += one.tracebacks
     records.child_failures += one.child_failures
     records.ranks_seen |= one.ranks_seen
+    records.ranks_informing |= one.ranks_informing
+    records.ranks_reporting |= one.ranks_reporting
     records.files_read += one.files_read
     records.problems += one.problems
     records.tails += one.tails
@@ -720,6 +739,8 @@ _Portable = tuple[
     list[tuple],
     list[PyTraceback],
     list[ChildFailure],
+    set[int],
+    set[int],
     set[int],
     list[str],
     list[str],
@@ -747,6 +768,8 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.tracebacks,
         records.child_failures,
         records.ranks_seen,
+        records.ranks_informing,
+        records.ranks_reporting,
         records.files_read,
         records.problems,
         [(t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start, t.hosts) for t in records.tails],
@@ -758,7 +781,20 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
 
 def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) -> None:
     """What `_add` does, from what a child sent back."""
-    events, tracebacks, child_failures, ranks_seen, files_read, problems, tails, finished, boots, ended = portable
+    (
+        events,
+        tracebacks,
+        child_failures,
+        ranks_seen,
+        informing,
+        reporting,
+        files_read,
+        problems,
+        tails,
+        finished,
+        boots,
+        ended,
+    ) = portable
     first = len(records.events)
     for values in events:
         event = LogEvent(*values)
@@ -767,6 +803,8 @@ def _add_portable(records: LogRecords, portable: _Portable, matcher: Matcher) ->
     records.tracebacks += tracebacks
     records.child_failures += child_failures
     records.ranks_seen |= ranks_seen
+    records.ranks_informing |= informing
+    records.ranks_reporting |= reporting
     records.files_read += files_read
     records.problems += problems
     records.tails += [LogTail(*tail) for tail in tails]
