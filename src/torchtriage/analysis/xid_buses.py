@@ -22,13 +22,11 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from torchtriage.sources.lines import NCCL_HEADER
 from torchtriage.sources.log_records import ChildFailure, LogEvent
 
 INIT_RULE = "nccl.init_progress_only"
 FOREIGN = "foreign"  # not the job's: a GPU none of its ranks used, a process none of its ranks is
-NCCL_PREFIX = re.compile(
-    r"^(?P<host>[^\s:]{1,255}):(?P<pid>\d{1,10}):\d{1,10} \[\d{1,4}\]"
-)  # NCCL's host:pid:tid [dev]
 _KERNEL_HOST = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: (?:\[[\s\d.]+\] )?NVRM: ")
 _HOST_BEFORE_KERNEL = re.compile(r"(?P<host>[\w.-]{1,255}) kernel: ")
 _PCI = re.compile(
@@ -71,7 +69,7 @@ def job_gpus(events: Sequence[LogEvent]) -> JobGpus | None:
     for event in inits:
         if int(event.facts["world_size"]) != world or not event.facts.get("rank", "").isdigit():
             continue
-        host = NCCL_PREFIX.match(event.text)
+        host = NCCL_HEADER.match(event.text)
         by_gpu[(short_host(host.group("host")) if host else None, int(event.facts["bus_id"], 16))] = int(
             event.facts["rank"]
         )
@@ -91,7 +89,7 @@ def job_pids(events: Sequence[LogEvent], failures: Sequence[ChildFailure] = ()) 
     if world is None:
         return pids
     for event in inits:
-        prefix = NCCL_PREFIX.match(event.text)
+        prefix = NCCL_HEADER.match(event.text)
         if prefix and int(event.facts["world_size"]) == world and event.facts.get("rank", "").isdigit():
             pids[(short_host(prefix.group("host")), int(prefix.group("pid")))] = int(event.facts["rank"])
     return pids

@@ -109,19 +109,20 @@ def _seconds(month: str, day: str, hms: str) -> float:
     return (((int(month) * 31 + int(day)) * 24 + int(hours)) * 60 + int(minutes)) * 60 + float(seconds)
 
 
-# NCCL's line header of any level and release ("host:pid:tid [dev] "), as the start of a line.
-_NCCL_HEADER = re.compile(r"[^\s:]{1,255}:\d{1,10}:\d{1,10} \[\d{1,4}\] ")
+# NCCL's line header of any level and release ("host:pid:tid [dev] ", its debug.cc), as the start of a line: the
+# host and the process that printed it (analysis/xid_buses.py places an Xid's pid by it).
+NCCL_HEADER = re.compile(r"(?P<host>[^\s:]{1,255}):(?P<pid>\d{1,10}):\d{1,10} \[\d{1,4}\] ")
 # That header then, for a warning, "file:line " and (2.19+) "(func) ": releases up to 2.3 printed the level without
 # the "NCCL " tag ("... [0] misc/ibvwrap.cc:212 WARN Call to ..."); the tag is put back so that one pattern serves
 # every release.
-_NCCL_UNTAGGED = re.compile(rf"(?P<head>{_NCCL_HEADER.pattern}(?:[\w/.-]{{1,200}}:\d{{1,7}} )?)(?P<level>WARN|INFO) ")
+_NCCL_UNTAGGED = re.compile(rf"(?P<head>{NCCL_HEADER.pattern}(?:[\w/.-]{{1,200}}:\d{{1,7}} )?)(?P<level>WARN|INFO) ")
 
 
 def starts_with_log_header(text: str) -> bool:
     """Whether `text` starts with a header only a record of a log starts with: c10's or Python logging's header with
     its time, an ISO date, NCCL's `host:pid:tid [dev]`, a container runtime's timestamp. No piece of a message cut
     by a terminal's wrap starts so, unless the cut fell right before one inside the message."""
-    return bool(_GLOG.match(text) or _ISO.match(text) or _NCCL_HEADER.match(text) or _COLLECTOR_STAMP.match(text))
+    return bool(_GLOG.match(text) or _ISO.match(text) or NCCL_HEADER.match(text) or _COLLECTOR_STAMP.match(text))
 
 
 def _nccl_tagged(text: str) -> str:

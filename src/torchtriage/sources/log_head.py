@@ -25,7 +25,7 @@ import codecs
 import re
 from typing import TYPE_CHECKING
 
-from torchtriage.sources.lines import normalise
+from torchtriage.sources.lines import NCCL_HEADER, normalise
 from torchtriage.sources.logs import MAX_LINE_CHARS
 
 if TYPE_CHECKING:
@@ -48,8 +48,9 @@ _WORD_CUT = re.compile(r"(?![ai] )[a-z] [a-z]")
 # logger's or a qualified exception's ("torch.distributed.elastic.multiprocessing.api: ...",
 # "torch.OutOfMemoryError: ..."), a field's ("epoch: 81").
 _TAG = re.compile(r"[A-Za-z_][\w.@-]*(?: [\w.-]+)?:(?:\s|$)")
-# NCCL's lines begin with the host's name: "%s:%d:%d [%d] NCCL INFO ", "%s:%d:%d NCCL CALL " (its debug.cc).
-_NCCL_PREFIX = re.compile(r"[\w.-]+:\d+:\d+ (?:\[\d+\] |NCCL )")
+# NCCL's lines begin with the host's name: "%s:%d:%d [%d] NCCL INFO " (lines.NCCL_HEADER), "%s:%d:%d NCCL CALL "
+# (its debug.cc).
+_NCCL_CALL = re.compile(r"[^\s:]{1,255}:\d{1,10}:\d{1,10} NCCL ")
 # A sentence ends and a capitalised one begins: "...of memory. Tried to allocate".
 _SENTENCE_ENDS = re.compile(r"[a-z)][.!?] +[A-Z][a-z]")
 
@@ -70,7 +71,7 @@ def continues_a_message(text: str) -> bool:
     if tag is not None:  # a host's or launcher's tag over a line of its own, which may continue a message
         rest = stripped[tag.end() :]
         return rest[:1].isspace() and (_is_body(rest.strip()) or _closes_what_it_never_opened(rest))
-    if not stripped[:1].islower() or _NCCL_PREFIX.match(stripped):
+    if not stripped[:1].islower() or NCCL_HEADER.match(stripped) or _NCCL_CALL.match(stripped):
         return False
     return _closes_what_it_never_opened(stripped) or _SENTENCE_ENDS.search(stripped) is not None
 
