@@ -116,6 +116,30 @@ def test_two_lines_of_one_length_by_chance_are_no_wrap_where_a_record_follows_on
         assert wrap_width(padded.encode()) is not None, width
 
 
+def test_whole_step_lines_that_reach_the_widest_length_by_chance_are_no_wrap():
+    # Megatron's step lines a few characters apart, three of them at the log's widest; after two of them a
+    # launcher's separator and mpirun's report of a kill. Read as a wrap, the report was the rest of a step line and
+    # took its rank (long-tail seed 30068: a SIGKILL named on the step line's rank, at low).
+    def step(rank, iteration, loss):
+        return (
+            f"[default{rank}]: [2026-05-22 15:29:38] iteration {iteration:>8}/  364756 | consumed samples: "
+            f"{iteration * 512:>12} | elapsed time per iteration (ms): 4530.3 | lm loss: {loss} | loss scale: "
+            "16384.0 | number of skipped iterations:   0 | number of nan iterations:   0 |"
+        )
+
+    rule = "-" * 74
+    killed = "mpirun noticed that process rank 5 with PID 1226906 on node gpu-node-012 exited on signal 9 (Killed)."
+    shorter = [step(5, 2000 + 100 * i, "6.47527E+00") for i in range(6)]
+    widest = [step(1, n, "8.836214E+00") for n in (71, 121, 171)]
+    assert {len(line) for line in widest} == {len(shorter[0]) + 1}
+    text = "\n".join([*shorter, widest[0], widest[1], rule, widest[2], killed, rule]) + "\n"
+    assert wrap_width(text.encode()) is None
+    verdict = triage_text(text)
+    assert (str(verdict.category), verdict.facts.get("local_ranks")) == ("host_oom", None), verdict.summary
+    # the same lines cut by a terminal at a narrower width: pieces that end where the column fell, a wrap
+    assert wrap_width(hard_wrap(text, 120).encode() + b"\n") is not None
+
+
 def test_a_wrapped_message_is_rejoined_across_blocks_and_numbered_by_its_first_line(monkeypatch):
     from torchtriage.sources import logs
 

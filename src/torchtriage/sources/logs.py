@@ -433,13 +433,28 @@ def _wrapping(raw_lines: list[bytes], peeled: bool) -> Wrapping | None:
     continuing = sum(1 for i, _, _ in follows if _continues(raw_lines[i], raw_lines[i + 1], wrapping))
     if not follows or continuing < 0.5 * len(follows):
         return None
-    if lengths[width] >= 3:
-        return wrapping
-    # Two lines of one length could be chance; a word cut in two is not, unless one of the two ends in text (not a
-    # terminal's padding) and a record's header follows it: that line was whole, and the "cut word" two words.
     cut_words = sum(1 for _, line, following in follows if line[-1:].isalnum() and following[:1].isalnum())
+    if lengths[width] >= 3:
+        return None if _whole_records(follows, lines, wrapping) else wrapping
+    # Of two, one that ends in text (not a terminal's padding) with a record's header after it was whole, and the
+    # "cut word" two words.
     whole = any(line[-1:] != b" " and _starts_with_header(following) for _, line, following in follows)
     return wrapping if cut_words and not whole else None
+
+
+# The bytes of a line's end compared with other lines' ends (_whole_records).
+_ENDING = 12
+
+
+def _whole_records(follows: list[tuple[int, bytes, bytes]], lines: list[bytes], wrapping: Wrapping) -> bool:
+    """Whether each line at the width that something follows ends as a shorter line of the log ends: whole records
+    that reach the log's widest length by chance (Megatron's step lines, a few characters apart, three of them at
+    the widest, then a launcher's separator and message), not pieces a terminal cut at a column, which end where
+    the column fell and leave the record's end to the next line."""
+    if wrapping.padded:
+        return False
+    endings = {line[-_ENDING:] for line in lines if _ENDING <= len(line) < wrapping.width}
+    return all(line[-_ENDING:] in endings for _, line, _ in follows)
 
 
 def _continues(line: bytes, following: bytes, wrapping: Wrapping) -> bool:
