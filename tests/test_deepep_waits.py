@@ -43,6 +43,21 @@ def test_without_the_printers_job_rank_its_peer_is_said_as_a_local_rank_of_some_
     assert verdict["facts"]["local_ranks"] == [1] and "local rank 1 of a node" in verdict["summary"]
 
 
+def test_under_torchruns_local_prefix_the_peer_is_a_local_rank_until_the_agents_account_places_it(tmp_path):
+    # "[default3]:" is local rank 3 (torchrun --tee), numbered as DeepEP's NVLink rank: its peer 1 is local rank 1;
+    # node 1's agent account (local_ranks 0-7 are global_ranks 8-15) makes it rank 9, not the job's rank 1.
+    lines = [f"[default3]:{LINE.format(rank=3, thread=t, value=1024 if t == 1 else 0)}" for t in range(8)]
+    code, verdict = triage_json(write(tmp_path, lines))
+    assert (verdict["culprit_ranks"], verdict["facts"].get("local_ranks")) == ([], [1]), verdict["summary"]
+    account = ["  group_world_size=2", f"  local_ranks={list(range(8))}", f"  global_ranks={list(range(8, 16))}"]
+    code, verdict = triage_json(write(tmp_path, [*account, *lines]))
+    assert verdict["culprit_ranks"] == [9], verdict["summary"]
+    # A line that numbers itself otherwise than its prefix (the low-latency receive's buffer rank 47 under
+    # "[default7]:") names its source in its own numbering, as without a prefix.
+    receive = "[default7]:Warning: DeepEP timeout for combine receive, rank 47, local_expert_idx 2, src_rank 172"
+    assert triage_json(write(tmp_path, [receive]))[1]["culprit_ranks"] == [172]
+
+
 def test_slots_all_cleared_name_nobody(tmp_path):
     # Older releases print no value: the printers wait, and the line does not say for whom.
     lines = [f"[rank{r}]:DeepEP timeout check failed: rank = {r}, thread = 0)" for r in (0, 2, 3, 7)]

@@ -125,6 +125,17 @@ def test_a_local_rank_that_only_a_lesser_line_names_is_still_a_local_rank(tmp_pa
     assert verdict["facts"]["local_ranks"] == [4] and "local rank 4 of a node" in verdict["summary"]
 
 
+def test_values_read_where_the_log_stops_under_a_local_prefix_are_said_on_the_local_rank(tmp_path):
+    # A log of "step value" lines that go NaN where it stops, under "[default5]:" (values no message names, read from
+    # the log's tail): their rank is local rank 5 of some node; under node 1's agent account it is rank 13.
+    values = [f"[default5]:{step} {value}" for step, value in ((89675, "2.4926"), (89676, "nan"), (89677, "nan nan"))]
+    _, verdict = triage_json(write(tmp_path, values))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nan_inf", []), verdict["summary"]
+    assert verdict["facts"]["local_ranks"] == [5], verdict["summary"]
+    _, placed = triage_json(write(tmp_path, [*agent_account(1, per_node=8), *values]))
+    assert (placed["category"], placed["culprit_ranks"]) == ("nan_inf", [13]), placed["summary"]
+
+
 def test_nccls_world_communicator_under_a_local_prefix_places_the_rank(tmp_path):
     # NCCL 2.19+ src/init.cc "comm %p rank %d nranks %d cudaDev %d nvmlDev %d busId %lx commId 0x%llx - Init START":
     # local rank 2's process is rank 10 of the 16-rank world (a subgroup's smaller communicator says nothing of it).

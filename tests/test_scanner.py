@@ -123,6 +123,21 @@ def test_the_records_of_an_ordinary_log_are_never_joined():
     assert [text.decode() for _, text in got] == lines
 
 
+def test_behind_one_hosts_tag_a_ranks_labelled_line_and_the_launchers_are_two_writers():
+    # pdsh puts the node's name before every line it prints: a rank's step line under srun's label, cut short, and
+    # mpirun's report after it start alike up to that tag, and the report goes on in lower-case words. They are two
+    # writers' lines (the label says so), not one message: joined, the kill took the step line's rank 27.
+    step = "ip-10-42-14-17: 27: 2026-03-15 13:02:42 | INFO | train_inner | epoch 001: 123 / 5000 loss=2.533, lr=0"
+    killed = "ip-10-42-14-17: mpirun noticed that process rank 0 with PID 1816244 on node x exited on signal 9."
+    data = f"{step}\n{killed}\n".encode()
+    got = list(scan_lines(io.BytesIO(data), literal_trie_regex(["exited on signal"])))
+    assert [(number, text.decode()) for number, text in got] == [(2, killed)]
+    # one writer's message over two lines behind the host, neither labelled, is still read whole
+    same = [f"node7: {NVRM_MISMATCH[0][15:]}", f"node7: {NVRM_MISMATCH[1][15:]}"]
+    got = list(scan_lines(io.BytesIO(("\n".join(same) + "\n").encode()), literal_trie_regex(["kernel module has"])))
+    assert len(got) == 1 and got[0][1].decode().endswith("550.54.15.  Please") and got[0][0] == 1
+
+
 def test_the_span_search_finds_what_search_finds_and_is_silent_on_empty_ranges(capfd):
     """The prefilter's fast call gives the spans `search` gives, and an empty or inverted range is no hit (RE2
     itself would log such a range to the user's terminal)."""

@@ -95,6 +95,7 @@ class _Line:
     text: str
     rank: int | None
     severity: str | None
+    local: bool = False  # the rank is a local rank ("[default3]:") that nothing places in the job
 
 
 @dataclass(frozen=True)
@@ -176,11 +177,14 @@ def _metric(reading: _Reading) -> dict[str, str]:
 def _line(tail: LogTail, index: int) -> _Line:
     """Line `index` of a tail's numbered lines, normalised as the scan normalises a line (once per tail, the host
     prefixes its lines show peeled off every one)."""
-    return _Line(*tail.lines_with_severity()[index])
+    number, text, rank, severity = tail.lines_with_severity()[index]
+    return _Line(number, text, rank, severity, tail.rank_is_local(number))
 
 
 def _event(rule: Rule, file: str, line: _Line, facts: dict[str, str]) -> LogEvent:
-    return LogEvent(rule, facts, line.rank, None, file, line.number, line.text.strip(), 0, line.severity)
+    event = LogEvent(rule, facts, line.rank, None, file, line.number, line.text.strip(), 0, line.severity)
+    event.rank_from = "local" if line.local else None
+    return event
 
 
 def _merge(records: LogRecords, added: list[LogEvent]) -> None:
@@ -305,7 +309,7 @@ def _stops_on_a_tensor(last_lines: Iterator[_Line]) -> tuple[_Line, dict[str, st
             if len(line.text) < WRAP_MIN_WIDTH or not _closes_a_tensor(text):
                 return None
             # The row's first piece carries its writer's prefix; the piece a terminal cut off does not.
-            stop = replace(stop, rank=line.rank) if stop.rank is None else stop
+            stop = replace(stop, rank=line.rank, local=line.local) if stop.rank is None else stop
         reading = reading_of(text)
         if reading is not None:
             return stop, {"value": reading.value, "row": text.strip()[:300]}

@@ -914,6 +914,7 @@ def _aftermath(primary: _Candidate, candidates: list[_Candidate]) -> list[dict]:
             (c.file, c.line),
             {
                 "rank": c.rank,
+                **({"rank_is_local": True} if c.event is not None and c.event.rank_from == "local" else {}),
                 "file": c.file,
                 "line": c.line,
                 "text": c.text[:300],
@@ -929,7 +930,8 @@ def _aftermath_note(aftermath: list[dict]) -> str:
         return ""
     first = aftermath[0]
     where = {"inside": "raised inside it", "trap": "its kernel's trap left"}.get(first["how"], "after it")
-    rank = f" on rank {first['rank']}" if first["rank"] is not None else ""
+    noun = "local rank" if first.get("rank_is_local") else "rank"
+    rank = f" on {noun} {first['rank']}" if first["rank"] is not None else ""
     return f"; the CUDA error {where}{rank} is its aftermath ({first['text'][:120]})"
 
 

@@ -95,6 +95,28 @@ def text_lines(data: bytes) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
+@dataclass(frozen=True)
+class LocalPlacing:
+    """What a file's local-rank prefixes ("[default3]:", torchrun --tee) name once the file is read (_LocalRanks):
+    the job's rank an agent's account, torchrun's report or NCCL's world communicator gives each (`mapping`; a
+    local rank none of them places is a local rank only), or, where none does, the local rank itself: the job's on
+    one node, a local rank only (`local_only`) where nothing says there was one node."""
+
+    mapping: dict[int, int] | None  # None: a local rank is the job's rank of the same number
+    local_only: bool = False
+
+    def job_rank(self, local: int) -> tuple[int, bool]:
+        """The rank a local one is, and whether that is the local rank only (nothing placed it)."""
+        if self.mapping is None:
+            return local, self.local_only
+        placed = self.mapping.get(local)
+        return (local, True) if placed is None else (placed, False)
+
+
+# A file whose prefixes nothing placed: its local ranks are numbers within some node.
+_UNPLACED = LocalPlacing(None, local_only=True)
+
+
 @dataclass
 class LogTail:
     """The last lines of one log, raw: where a log that shows no error stops is the evidence of a stall."""
@@ -109,7 +131,10 @@ class LogTail:
     cut_at_start: bool = False
     # The host prefixes the log's lines showed (pdsh's "node-07: "): peeled off its tail's lines as off the rest.
     hosts: frozenset[str] = frozenset()
+    # How the file's local-rank prefixes name ranks (None: nothing placed them, see _UNPLACED).
+    local_placing: LocalPlacing | None = None
     _normalised: list | None = field(default=None, repr=False, compare=False)
+    _local_lines: set[int] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def last_own_record(self) -> bytes | None:
@@ -154,11 +179,21 @@ class LogTail:
             self.hosts = frozenset(hosts)
             read = [(n, raw, _with_host(raw, line, hosts)) for n, raw, line in read]
         out = []
+        placing = self.local_placing or _UNPLACED
         for number, _, line in read:
             rank = line.rank if line.rank is not None else self.rank
+            if line.rank_is_local and line.rank is not None:
+                rank, local_only = placing.job_rank(line.rank)
+                if local_only:
+                    self._local_lines.add(number)
             out.append((number, line.text, rank, line.severity or _level(line.text)))
         self._normalised = out
         return out
+
+    def rank_is_local(self, number: int) -> bool:
+        """Whether line `number`'s rank is a rank within a node that nothing read places in the job."""
+        self.lines_with_severity()
+        return number in self._local_lines
 
 
 def _with_host(raw: str, line: Normalised, hosts: set[str]) -> Normalised:
@@ -262,6 +297,14 @@ def _in_printers_numbering(named: int | None, facts: dict, rank_fact: str | None
     return moved if moved >= 0 else None
 
 
+def _numbered_as_its_prefix(named: int | None, facts: dict, rank_fact: str | None, printer: int | None) -> bool:
+    """Whether a line under a local rank's prefix ("[default3]:") names a rank in its node's numbering: it numbers
+    itself (`rank`) as the prefix does (DeepEP's NVLink rank). A line that numbers itself otherwise (DeepEP's buffer
+    rank 47 under "[default7]:") names ranks in its own numbering, as a line without a prefix does."""
+    own = _rank_of(facts.get("rank")) if rank_fact not in (None, "rank") else None
+    return named is not None and own is not None and own == printer
+
+
 def _rank_of(fact: str | None) -> int | None:
     """The rank a line's fact names: digits, up to the largest rank read (a line's \\d+ can be thousands of
     digits long, more than Python converts to a number)."""
@@ -340,12 +383,19 @@ class _FileReader:
             for rule_id in self.matcher.rules_in_aftermath(text):
                 self.aftermath_from.setdefault(rule_id, line_no)
         level = line.severity or _level(text)
-        for found in self.matcher.match(text):
+        found_all = list(self.matcher.match(text))
+        # A line in a node's own numbering (DeepEP's NVLink ranks) that no prefix places: each rank it gives, the
+        # printer's own (`rank = 3`) as the peer's, is a local rank of some node, whichever rule read it.
+        node_numbered = rank is None and any(found.rule.local_numbering for found in found_all)
+        for found in found_all:
             if ended is not None and found.rule.raised_elsewhere([f.file for f in reversed(ended.frames)]):
                 continue  # the traceback this line ends was raised by a library the rule is not about
             event_rank, facts = rank, found.facts
             named = _rank_of(facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
-            named = _in_printers_numbering(named, facts, found.rule.rank_fact, rank)
+            # Under a local prefix, a line that numbers itself as its prefix does names a rank of the same node.
+            in_node = line.rank_is_local and _numbered_as_its_prefix(named, facts, found.rule.rank_fact, rank)
+            if not line.rank_is_local:
+                named = _in_printers_numbering(named, facts, found.rule.rank_fact, rank)
             if named is not None:
                 event_rank = named  # the line is about another rank than the one printing it
             else:
@@ -355,12 +405,12 @@ class _FileReader:
                     event_rank = _rank_of(facts.get("rank"))
             by_task = event_rank is None and "task" in facts
             named_file = by_name and event_rank == rank
+            local_only = node_numbered and event_rank is not None and not by_task
             if by_task:
                 event_rank = _rank_of(facts["task"])
             elif event_rank is not None and not named_file and not (line.rank_is_local and event_rank == line.rank):
-                self.records.ranks_seen.add(event_rank)
-            # A rank named in a node's own numbering, its printer's job rank unknown: a local rank of some node.
-            local_only = named is not None and rank is None and found.rule.local_numbering
+                if not (in_node or local_only):
+                    self.records.ranks_seen.add(event_rank)
             event = LogEvent(
                 rule=found.rule,
                 facts=facts,
@@ -380,7 +430,7 @@ class _FileReader:
                 self.task_events.append(event)
             elif named_file:
                 self.named.events.append(event)
-            elif line.rank_is_local and event_rank == line.rank:
+            elif line.rank_is_local and (event_rank == line.rank or in_node):
                 self.local.events.append(event)
         if rank is not None and counted:
             if by_name:
@@ -560,6 +610,7 @@ class _LocalRanks:
         self.one_node = False  # the agent's account said so (group_world_size=1)
         self._local_list: list[int] | None = None
         self._comms: dict[int, set[tuple[int, int]]] = {}  # nranks -> (local rank, rank in the communicator)
+        self.placing: LocalPlacing | None = None  # once settled, where anything placed the file's local ranks
 
     def read_comm_line(self, local: int, text: str) -> None:
         """Take in NCCL's set-up line of a communicator, printed under local rank `local`'s prefix."""
@@ -615,6 +666,8 @@ class _LocalRanks:
         assumed = not self.other_nodes and not mapping
         if assumed:
             placed = {local: local for local in placed}  # one node: its local ranks are the job's
+        if not assumed or self.one_node:
+            self.placing = LocalPlacing(None if assumed else mapping or {})
         for event in self.events:
             event.rank = placed.get(event.rank) if event.rank is not None else None
             event.rank_from = "local" if assumed and not self.one_node and event.rank is not None else None
@@ -701,6 +754,7 @@ def _read_log(artifact: Input, matcher: Matcher, tail_bytes: int, opener=open_in
         reader.close()
         stream.close()
     log_tail = LogTail(artifact.display, reader.named.of_unprefixed(), tail.first_line, tail.data, tail.wrapping)
+    log_tail.local_placing = reader.local.placing
     log_tail.hosts = frozenset(reader.hosts)
     log_tail.cut_at_start = starts_mid_message(log_tail)
     cut = _cut_record(log_tail)
@@ -772,7 +826,10 @@ def _read_portable(artifact: Input, matcher: Matcher, tail_bytes: int, here: int
         records.ranks_reporting,
         records.files_read,
         records.problems,
-        [(t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start, t.hosts) for t in records.tails],
+        [
+            (t.file, t.rank, t.first_line, t.data, t.wrapping, t.cut_at_start, t.hosts, t.local_placing)
+            for t in records.tails
+        ],
         records.launches_finished,
         records.boots,
         records.ended_by_launcher,

@@ -315,6 +315,8 @@ def _goes_on(line: bytes, following: bytes) -> int:
     body = line[cut:].rstrip()
     if body.count(b" ") < 2 or not _GOES_ON.search(body):
         return 0
+    if _OUTER.match(body).group("label") != _OUTER.match(following, cut).group("label"):
+        return 0  # behind one host's tag (pdsh's), two writers: a rank's line under its launcher's label, and another
     return cut if _LOWER_WORDS.match(following, cut) else 0
 
 
@@ -391,7 +393,7 @@ class Wrapping(NamedTuple):
 # `3: `, mpirun's `[1,3]<stderr>:`, torchrun's `[default3]:` / `[rank3]:`.
 _OUTER = re.compile(
     rb"(?:\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~]){0,4}"
-    rb"(?: {0,5}\d{1,6}: |\[\d{1,6},\d{1,6}\]<std(?:out|err)>: ?|\[(?:rank|default)\d{1,6}\]: ?)?"
+    rb"(?P<label> {0,5}\d{1,6}: |\[\d{1,6},\d{1,6}\]<std(?:out|err)>: ?|\[(?:rank|default)\d{1,6}\]: ?)?"
     rb"(?:\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~]){0,4}"
 )
 
