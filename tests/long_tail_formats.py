@@ -13,6 +13,7 @@ launcher starts a rank, at start-up, in NCCL's init, in training) and the traini
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,6 +43,10 @@ class Failure:
     truth: str
     accept: frozenset[str] = frozenset()  # every right answer, where more than the truth is (default: the truth)
     own_error: bool = False  # a library's own error: its generic CUDA cascade may follow
+    # The ranks the failure's lines name as the peers the printer waited for, which a verdict may name besides the
+    # printer: job ranks (DeepEP's src_rank), and ranks within the printer's node (its NVLink peers' `thread`).
+    peers: frozenset[int] = frozenset()
+    node_peers: frozenset[int] = frozenset()
 
 
 # --- Values -------------------------------------------------------------------------------------------------
@@ -551,7 +556,9 @@ def _deepep_kernel_timeout(v: Values) -> Failure:
     lines = kernel + host if kernel_first else host + kernel
     if v.rng.random() < 0.4:
         lines += watchdog_cuda_error(v, error)
-    return Failure(f"deepep {shape}", lines, "deepep", own_error=True)
+    peers = frozenset(int(n) for line in printed for n in re.findall(r"src_rank (\d+)", line))
+    node_peers = frozenset(int(n) for line in printed for n in re.findall(r"thread = (\d+)", line))
+    return Failure(f"deepep {shape}", lines, "deepep", own_error=True, peers=peers, node_peers=node_peers)
 
 
 def _deepep_cpu_timeout(v: Values) -> Failure:

@@ -90,6 +90,16 @@ class Case:
     own_error: bool  # a library reported its own error: the generic CUDA cascade may follow it
     job: Job
     process: tuple  # (host, pid, tid, site, the clock at the last line): what a cascade appended continues
+    peers: frozenset[int] = frozenset()  # job ranks the failure names as peers (Failure.peers)
+    node_peers: frozenset[int] = frozenset()  # ranks within the printer's node it names as peers
+
+    def ranks_named_rightly(self) -> tuple[set[int], set[int]]:
+        """(job ranks, local ranks) a verdict may name: the printer, and the peers its failure's lines name, each
+        as the job's rank where the printer's is known, as a rank within its node where not (a `[defaultN]:`
+        prefix, an NVLink peer's number)."""
+        node = self.rank - self.rank % 8
+        ranks = {self.rank, *self.peers, *(node + local for local in self.node_peers)}
+        return ranks, {rank % 8 for rank in ranks}
 
 
 # --- A case -------------------------------------------------------------------------------------------------
@@ -120,6 +130,8 @@ def make(seed: int) -> Case:
         failure.own_error,
         job,
         process,
+        failure.peers,
+        failure.node_peers,
     )
 
 
@@ -132,7 +144,7 @@ def prefix_of(style: str, rank: int, world: int) -> str:
     if style == "torchrun":
         return f"[rank{rank}]:"
     if style == "torchrun-default":
-        return f"[default{rank}]:"
+        return f"[default{rank % 8}]:"  # torchrun --tee: the role's LOCAL rank (tail_log.py)
     if style == "srun":
         return f"{rank:>{len(str(world - 1))}}: "  # srun --label pads the task id to the widest one
     return f"[1,{rank}]<stderr>:"
@@ -199,11 +211,15 @@ def ansi(lines: list[Line], rng: random.Random) -> list[Line]:
     return out
 
 
-def interleave(case: Case, lines: list[Line], rng: random.Random, style: str) -> list[Line]:
+def interleave(case: Case, lines: list[Line], rng: random.Random, style: str, same_node: bool) -> list[Line]:
     """Another rank's ordinary output among the lines (both ranks under the launcher's prefixes), never after the
     last line: the other rank's step lines, its NCCL start-up, its warnings, its agent's lines (unprefixed under
-    torchrun), flushed at random points."""
-    other = (case.rank + rng.randint(1, case.world - 1)) % case.world
+    torchrun), flushed at random points. `same_node`: a rank of the case's node (one agent's output under torchrun's
+    local prefixes, one host's under pdsh's), where two nodes' lines in one file would tell them apart by nothing."""
+    if same_node:
+        other = case.rank - case.rank % 8 + (case.rank % 8 + rng.randint(1, 7)) % 8
+    else:
+        other = (case.rank + rng.randint(1, case.world - 1)) % case.world
     v = Values(random.Random(rng.random()))
     v.rank, v.world, v.local_rank = other, case.world, other % 8
     v.clock = case.process[4] - timedelta(seconds=rng.uniform(30, 600))  # the same job: the other rank ran alongside
@@ -234,7 +250,7 @@ def apply(case: Case, names: tuple[str, ...], rng: random.Random) -> str:
     if "prefix" in names or "interleave" in names:
         lines = prefixed(lines, style, case.rank, case.world)
     if "interleave" in names:
-        lines = interleave(case, lines, rng, style)
+        lines = interleave(case, lines, rng, style, same_node=style == "torchrun-default" or "pdsh" in names)
     if "pdsh" in names:
         lines = pdsh(lines, case.process[0])
     if "wrap" in names:
@@ -292,6 +308,8 @@ class Outcome:
     verdicts: dict[str, tuple[str, str, str]] = field(default_factory=dict)
     # variant -> the hosts the verdict names: its culprits' machines, and the host that printed the failure's line
     hosts: dict[str, set[str]] = field(default_factory=dict)
+    # variant -> (the job ranks the verdict names, the local ranks it names where no job rank is known)
+    ranks: dict[str, tuple[set[int], set[int]]] = field(default_factory=dict)
 
     def right(self, variant: str) -> bool:
         return self.verdicts[variant][0] in self.case.accept
@@ -303,6 +321,12 @@ class Outcome:
         return [
             name for name, (_, confidence, _) in self.verdicts.items() if confidence == "high" and not self.right(name)
         ]
+
+    def names_another_rank(self, variant: str) -> bool:
+        """Whether the verdict names a rank the failure is not on, nor a peer of it (Case.ranks_named_rightly)."""
+        ranks, local = self.ranks[variant]
+        right, right_local = self.case.ranks_named_rightly()
+        return not (ranks <= right and local <= right_local)
 
     def turned_wrong(self) -> list[str]:
         """The transforms that turned a right verdict of the base log wrong."""
@@ -328,6 +352,7 @@ def outcome(case: Case) -> Outcome:
         failing = verdict.facts.get("failing_host") or {}
         named = {m.host for m in verdict.culprit_machines if m.host} | {failing.get("host")}
         result.hosts[name] = named - {None}
+        result.ranks[name] = (set(verdict.culprit_ranks), set(verdict.facts.get("local_ranks") or ()))
     return result
 
 
@@ -357,18 +382,23 @@ def main() -> int:
         counts["variants right"] += sum(result.right(n) for n in result.verdicts if n != "base")
         counts["wrong at high"] += len(result.wrong_at_high())
         counts["turned wrong"] += len(result.turned_wrong())
+        another = [name for name in result.verdicts if result.names_another_rank(name)]
+        counts["another rank"] += len(another)
         wrong = result.wrong()
-        if wrong:
+        if wrong or another:
             failed += 1
-            print(result.describe(wrong[0]), flush=True)
-    print(f"\n{args.count - failed} of {args.count} cases right in every variant")
+            variant = (wrong or another)[0]
+            ranks = f" naming {sorted(result.ranks[variant][0])} local {sorted(result.ranks[variant][1])}"
+            print(result.describe(variant) + (ranks + f" (printer {case.rank})" if another else ""), flush=True)
+    print(f"\n{args.count - failed} of {args.count} cases right in every variant (category, and no other rank named)")
     print(
-        f"{'class':>11} {'cases':>6} {'base right':>10} {'variants right':>15} {'turned wrong':>12} {'wrong@high':>10}"
+        f"{'class':>11} {'cases':>6} {'base right':>10} {'variants right':>15} {'turned wrong':>12} {'wrong@high':>10} "
+        f"{'another rank':>12}"
     )
     for family, c in tally.items():
         print(
             f"{family:>11} {c['cases']:6d} {c['base right']:10d} {c['variants right']:>8d}/{c['variants']:<6d} "
-            f"{c['turned wrong']:12d} {c['wrong at high']:10d}"
+            f"{c['turned wrong']:12d} {c['wrong at high']:10d} {c['another rank']:12d}"
         )
     return 1 if failed else 0
 

@@ -6,8 +6,8 @@ rank's output, under pdsh's host prefix, with the generic CUDA cascade after a l
 
 What a user relies on: the verdict names the failure's category (or one of the answers the case accepts); a
 wrong verdict never says confidence high; and none of those transforms, which change how a log was captured and
-not what failed, turns a right verdict wrong; under pdsh's prefix the verdict names the host that printed the lines
-and no other.
+not what failed, turns a right verdict wrong; a rank the verdict names is the failure's, or a peer its lines name;
+under pdsh's prefix the verdict names the host that printed the lines and no other.
 
 TORCHTRIAGE_LONG_TAIL_CASES seeds (default 300, seconds on one core), then every seed in
 long_tail_regressions.txt. The long run: `python tests/long_tail_logs.py --count 5000`.
@@ -50,6 +50,18 @@ def test_every_log_as_written_gets_its_category(results):
 def test_no_verdict_is_wrong_with_high_confidence(results):
     wrong = [r.describe(variant) for r in results for variant in r.wrong_at_high()]
     assert not wrong, "\n".join(wrong)
+
+
+def test_a_rank_the_verdict_names_is_the_failures_or_a_peer_its_lines_name(results):
+    # The failure is one rank's (its printer's); DeepEP's waits name the peers they waited for. Under torchrun's
+    # "[defaultN]:" prefix a rank is said as a local rank (facts.local_ranks) unless something places its node.
+    another = [
+        f"{r.describe(v)}: names {sorted(r.ranks[v][0])}, local {sorted(r.ranks[v][1])} (printer {r.case.rank})"
+        for r in results
+        for v in r.verdicts
+        if r.names_another_rank(v)
+    ]
+    assert not another, "\n".join(another)
 
 
 def test_no_transform_turns_a_right_verdict_wrong(results):
