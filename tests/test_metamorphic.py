@@ -140,6 +140,28 @@ def test_whole_step_lines_that_reach_the_widest_length_by_chance_are_no_wrap():
     assert wrap_width(hard_wrap(text, 120).encode() + b"\n") is not None
 
 
+def test_the_rest_of_a_wrapped_line_that_looks_like_an_srun_label_of_another_width_is_no_label():
+    # srun --label pads every task id of a step to the widest (" 78: " among 256 tasks). A terminal's wrap that cut
+    # NCCL's "...ncclIbCreateQpMlx" / "5: mlx5dv_create_qp failed ..." left a "5: " of another width: the rest of
+    # the line, not task 5's record (long-tail seed 20637: the queue pair's failure unread, a launch failure led).
+    nccl = "ip-10-42-26-17:2864817:2865575 [6] "
+    lines = [
+        *(
+            f" 78: {nccl}NCCL INFO Channel {c:02d}/24 :    0   1   2   3   4   5   6   7   8   9  10  11"
+            for c in range(4)
+        ),
+        f" 78: {nccl}transport/net_ib.cc:2282 NCCL WARN NET/IB: ncclIbCreateQpMlx5: mlx5dv_create_qp failed to "
+        "create QP: Cannot allocate memory",
+        f" 78: {nccl}NCCL INFO transport/net_ib.cc:1738 -> 2",
+    ]
+    width = len(lines[4].split("Mlx")[0]) + 3
+    wrapped = hard_wrap("\n".join(lines) + "\n", width)
+    assert "\n5: mlx5dv_create_qp" in wrapped
+    verdict = triage_text(wrapped)
+    assert (str(verdict.category), verdict.culprit_ranks) == ("nccl_transport", [78]), verdict.summary
+    assert "nccl.ib_qp_create_failed" in [f.kind for f in verdict.findings], verdict.summary
+
+
 def test_a_wrapped_message_is_rejoined_across_blocks_and_numbered_by_its_first_line(monkeypatch):
     from torchtriage.sources import logs
 

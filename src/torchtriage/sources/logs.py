@@ -498,11 +498,16 @@ def _starts_like_record(first: bytes, following: bytes, wrapping: Wrapping) -> b
 
 
 def _launcher(prefix: bytes) -> str:
-    """Which launcher's kind of prefix (as _OUTER reads them): srun's, mpirun's, torchrun's, or colour alone."""
+    """Which launcher's kind of prefix (as _OUTER reads them): srun's, mpirun's, torchrun's, or colour alone. srun's
+    --label pads every task id of a step to the widest one (" 5: " among 16 tasks): a label of another width is
+    not that step's ("5: mlx5dv_create_qp failed", a wrapped line's rest, among " 78: " labels)."""
     if b"<std" in prefix:
         return "mpirun"
     if b"[rank" in prefix or b"[default" in prefix:
         return "torchrun"
+    label = _OUTER.match(prefix).group("label")
+    if label:
+        return f"srun {len(label.rstrip().rstrip(b':'))}"
     return "srun" if any(48 <= c <= 57 for c in _uncoloured(prefix)[:7]) else "colour"
 
 
