@@ -52,10 +52,13 @@ def test_under_torchruns_local_prefix_the_peer_is_a_local_rank_until_the_agents_
     account = ["  group_world_size=2", f"  local_ranks={list(range(8))}", f"  global_ranks={list(range(8, 16))}"]
     code, verdict = triage_json(write(tmp_path, [*account, *lines]))
     assert verdict["culprit_ranks"] == [9], verdict["summary"]
-    # A line that numbers itself otherwise than its prefix (the low-latency receive's buffer rank 47 under
-    # "[default7]:") names its source in its own numbering, as without a prefix.
+    # A line in another numbering than its node's (the low-latency receive's buffer rank 47 under "[default7]:")
+    # names its source in its own numbering, as without a prefix.
     receive = "[default7]:Warning: DeepEP timeout for combine receive, rank 47, local_expert_idx 2, src_rank 172"
     assert triage_json(write(tmp_path, [receive]))[1]["culprit_ranks"] == [172]
+    # even where the two numberings agree by chance (buffer rank 4 is node 0's local rank 4)
+    receive = "[default4]:Warning: DeepEP timeout for combine receive, rank 4, local_expert_idx 2, src_rank 11"
+    assert triage_json(write(tmp_path, [receive]))[1]["culprit_ranks"] == [11]
 
 
 def test_slots_all_cleared_name_nobody(tmp_path):

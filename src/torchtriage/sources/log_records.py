@@ -297,14 +297,6 @@ def _in_printers_numbering(named: int | None, facts: dict, rank_fact: str | None
     return moved if moved >= 0 else None
 
 
-def _numbered_as_its_prefix(named: int | None, facts: dict, rank_fact: str | None, printer: int | None) -> bool:
-    """Whether a line under a local rank's prefix ("[default3]:") names a rank in its node's numbering: it numbers
-    itself (`rank`) as the prefix does (DeepEP's NVLink rank). A line that numbers itself otherwise (DeepEP's buffer
-    rank 47 under "[default7]:") names ranks in its own numbering, as a line without a prefix does."""
-    own = _rank_of(facts.get("rank")) if rank_fact not in (None, "rank") else None
-    return named is not None and own is not None and own == printer
-
-
 def _rank_of(fact: str | None) -> int | None:
     """The rank a line's fact names: digits, up to the largest rank read (a line's \\d+ can be thousands of
     digits long, more than Python converts to a number)."""
@@ -392,8 +384,9 @@ class _FileReader:
                 continue  # the traceback this line ends was raised by a library the rule is not about
             event_rank, facts = rank, found.facts
             named = _rank_of(facts.get(found.rule.rank_fact)) if found.rule.rank_fact else None
-            # Under a local prefix, a line that numbers itself as its prefix does names a rank of the same node.
-            in_node = line.rank_is_local and _numbered_as_its_prefix(named, facts, found.rule.rank_fact, rank)
+            # Under a local prefix, a line in its node's numbering (DeepEP's NVLink ranks) names a rank of that node;
+            # another line names ranks in its own numbering (DeepEP's buffer rank 47 under "[default7]:").
+            in_node = line.rank_is_local and found.rule.local_numbering and named is not None
             if not line.rank_is_local:
                 named = _in_printers_numbering(named, facts, found.rule.rank_fact, rank)
             if named is not None:
