@@ -42,6 +42,8 @@ class RunInputs:
 
     inputs: list[Input] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    # What the live captures' summaries say (_not_sampled), read once: the stack and dump readings both ask.
+    captured: tuple | None = field(default=None, repr=False)
 
     def of(self, *kinds: SourceKind) -> list[Input]:
         return [i for i in self.inputs if i.kind in kinds]
@@ -93,9 +95,11 @@ def _not_sampled(found: RunInputs):
     it found stopped (rank -> why, each), and the job's shape (its world size, whether its workers restarted)."""
     from torchtriage.sources.captures import CAPTURE_SUMMARY, gone_ranks, job_shape, read_capture, stopped_ranks
 
-    summaries = [i.path for i in found.of(SourceKind.TORCHTRIAGE_OUTPUT) if Path(i.path).name == CAPTURE_SUMMARY]
-    captures = [c for c in map(read_capture, summaries) if c is not None]
-    return gone_ranks(captures), stopped_ranks(captures), job_shape(captures)
+    if found.captured is None:
+        summaries = [i.path for i in found.of(SourceKind.TORCHTRIAGE_OUTPUT) if Path(i.path).name == CAPTURE_SUMMARY]
+        captures = [c for c in map(read_capture, summaries) if c is not None]
+        found.captured = gone_ranks(captures), stopped_ranks(captures), job_shape(captures)
+    return found.captured
 
 
 def _left_no_stack(found: RunInputs, stacks: dict) -> dict[int, str]:
