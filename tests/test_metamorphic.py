@@ -140,6 +140,22 @@ def test_whole_step_lines_that_reach_the_widest_length_by_chance_are_no_wrap():
     assert wrap_width(hard_wrap(text, 120).encode() + b"\n") is not None
 
 
+def test_two_pieces_without_the_prefix_every_record_carries_are_a_wrap_wherever_the_column_fell():
+    # pdsh's host and torchrun's prefix before every record; a terminal's wrap at 80 cut NCCL's WARN and its result
+    # trail between two words (no word cut in two), and left the pieces without the prefix. Read as records, the
+    # log "stopped" on "-> 2" (long-tail seed 24129: hang, low).
+    head = "node29: [default0]:"
+    steps = [f"{head}step {n} | loss 5.{n} | lr 2.1e-04 | 38762 tok/s" for n in range(433, 443)]
+    warn = f"{head}node29:3314603:3315464 [0] transport/net_ib.cc:2057 NCCL WARN NET/IB : Unable to query port 1"
+    trail = f"{head}node29:3314603:3315464 [0] NCCL INFO transport/net_ib.cc:784 -> 2"
+    text = "\n".join([*steps, warn, trail]) + "\n"
+    wrapped = hard_wrap(text, 80)
+    assert "\n NET/IB : Unable" in wrapped and "\n-> 2" in wrapped
+    assert wrap_width(wrapped.encode()) is not None
+    verdict = triage_text(wrapped)
+    assert str(verdict.category) == "nccl_transport", verdict.summary
+
+
 def test_the_rest_of_a_wrapped_line_that_looks_like_an_srun_label_of_another_width_is_no_label():
     # srun --label pads every task id of a step to the widest (" 78: " among 256 tasks). A terminal's wrap that cut
     # NCCL's "...ncclIbCreateQpMlx" / "5: mlx5dv_create_qp failed ..." left a "5: " of another width: the rest of

@@ -441,7 +441,21 @@ def _wrapping(raw_lines: list[bytes], peeled: bool) -> Wrapping | None:
     # Of two, one that ends in text (not a terminal's padding) with a record's header after it was whole, and the
     # "cut word" two words.
     whole = any(line[-1:] != b" " and _starts_with_header(following) for _, line, following in follows)
-    return wrapping if cut_words and not whole else None
+    return wrapping if (cut_words or _pieces_lack_the_prefix(lines, follows)) and not whole else None
+
+
+def _pieces_lack_the_prefix(lines: list[bytes], follows: list[tuple[int, bytes, bytes]]) -> bool:
+    """Whether the log's records all start alike (a launcher's or a host's prefix before each: `node29:
+    [default0]:`) and the lines after those at the width do not: a terminal's wrap leaves its pieces without the
+    prefix, wherever the column fell (between two words: `... NCCL WARN` / ` NET/IB : Unable to query port 1`)."""
+    starts = Counter(_uncoloured(line)[:_PREFIX].translate(_DIGITS) for line in lines if line)
+    if not starts:
+        return False
+    common, count = starts.most_common(1)[0]
+    pieces = [following for _, _, following in follows]
+    return count >= 0.9 * (len(lines) - len(pieces)) and not any(
+        _uncoloured(piece)[:_PREFIX].translate(_DIGITS) == common for piece in pieces
+    )
 
 
 # The bytes of a line's end compared with other lines' ends (_whole_records).
