@@ -257,6 +257,20 @@ def test_a_rank_in_no_collective_that_others_wait_for_across_groups_is_the_sink(
     assert found.findings[0].kind == "fr.not_joined"
 
 
+def test_one_rank_alone_in_an_op_the_idle_rest_of_its_group_never_issued_makes_them_all_candidates(tmp_path):
+    # Rank 2 made one all_reduce more, from the line of every earlier step (so no call site shows it), or ranks 0, 1
+    # and 3 are held where no dump records (a new group's communicator, a store wait): one rank departed either way,
+    # and the three idle ranks are never the culprits together (simulator seeds 7341, 9507, 12316).
+    steps = [entry(seq, record=seq - 1) for seq in range(1, 5)]
+    for rank in (0, 1, 3):
+        write(tmp_path, rank, steps, world=4)
+    write(tmp_path, 2, [*steps, entry(5, state="scheduled", record=4)], world=4)
+    found = verdict_of(tmp_path)
+    assert (found.culprit_ranks, str(found.confidence)) == ([], "low"), found.summary
+    assert found.facts["candidates"] == [0, 1, 2, 3]
+    assert "rank 2 alone waits" in found.findings[0].message
+
+
 def test_a_pipeline_ranks_p2p_counter_does_not_hide_the_all_reduce_it_never_enqueued(tmp_path):
     # The NCCL layout: a batch_isend_irecv's entries carry the collective seq before them, then a
     # `coalesced` marker with is_p2p False; pg_status.last_enqueued_collective holds the p2p seq (here 9).

@@ -916,7 +916,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     # Per group, the majority can be the victims of a rank that waits in another group: where the graph
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
-    graph_leads = graph.kind in ("cycle", "p2p", "no_dump", "stopped") or (
+    graph_leads = graph.kind in ("cycle", "p2p", "no_dump", "stopped", "lone_waiter") or (
         graph.kind in ("sink", "not_begun", "shifted") and sorted(graph.culprits) != per_group
     )
     if graph_leads:

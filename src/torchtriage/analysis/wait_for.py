@@ -147,7 +147,8 @@ class WaitFor:
     unknown: dict[int, frozenset[int]]  # rank -> members of its group with no dump (they may be the ones)
     place_of: dict[int, tuple] = field(default_factory=dict)  # waiting rank -> the op it waits in
     # "sink" | "cycle" | "p2p" (waited for in an unrecorded p2p op) | "no_dump" (the waits end in ranks that
-    # left no dump) | "not_begun" (in ranks whose devices never began the op they wait in) | None
+    # left no dump) | "not_begun" (in ranks whose devices never began the op they wait in) | "lone_waiter" (one
+    # rank waits for the idle rest of its group: it made one op more, or they are held unrecorded) | None
     kind: str | None = None
     culprits: list[int] = field(default_factory=list)
     candidates: list[int] = field(default_factory=list)
@@ -529,6 +530,11 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
             graph.kind, graph.culprits, graph.decided_by = "shifted", [rank], ONE_OP_AHEAD
             graph.departure = {"issued": extra, "peers_issued": instead, "idle": sinks}
             return graph
+        lone = _lone_waiter(graph, programs, sinks, members_of) if members_of is not None else None
+        if lone is not None:
+            graph.kind, graph.candidates, graph.decided_by = "lone_waiter", sorted([lone, *sinks]), "undecided"
+            graph.departure = {"waiter": lone, "idle": sinks}
+            return graph
         graph.kind, graph.culprits, graph.decided_by = "sink", sinks, "sink"
         return graph
     not_begun = sorted(m for m in waited if programs[m].not_begun)
@@ -559,6 +565,23 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
 
 
 ONE_OP_AHEAD = "one op more, from a call site it never used before, where every other member called another"
+
+
+def _lone_waiter(graph: WaitFor, programs: dict[int, Program], sinks: list[int], members_of) -> int | None:
+    """The one rank that waits for idle ranks, where they are two or more and every other member of the group it
+    waits in. One rank's departure leaves that only two ways: the lone rank made one op more (from a line it used
+    before, so its call sites cannot show it), or the idle ranks are held where no dump records (creating a group's
+    communicator, a store wait) by one of them. Were they the culprits, the healthy ones would have issued the op
+    and waited in it beside it."""
+    waiting = [r for r, targets in graph.edges.items() if targets & set(sinks)]
+    if len(waiting) != 1 or len(sinks) < 2:
+        return None
+    rank = waiting[0]
+    op = programs[rank].waiting
+    if op is None or op.peer is not None:
+        return None
+    others = {m for m in members_of(rank, op.group) if m != rank}
+    return rank if others == set(sinks) else None
 
 
 def _one_op_ahead(

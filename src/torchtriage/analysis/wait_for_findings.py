@@ -119,6 +119,19 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
         if extra.site:
             facts["site"] = extra.site
         kind, evidence_ranks = "fr.extra_op", [rank, *idle]
+    elif graph.kind == "lone_waiter":
+        rank, idle = graph.departure["waiter"], graph.departure["idle"]
+        op = programs[rank].waiting
+        label = label_of(rank, op.group)
+        message = (
+            f"rank {rank} alone waits in {op.describe(label)}, which {format_ranks(idle)} (the rest of its group) "
+            "never issued and wait in no collective: one rank departed either way: rank "
+            f"{rank} made one op more (from a line it used before, so no call site shows it), or "
+            f"{format_ranks(idle)} are held where no dump records (creating a group's communicator, a store wait) "
+            f"by one of them; their stacks tell — {format_ranks(graph.candidates)} are the candidates"
+        )
+        facts |= {"undecided": True, "candidates": graph.candidates, "seq": op.seq, "group": label}
+        kind, evidence_ranks = "fr.not_joined", graph.candidates
     elif graph.kind == "stopped":
         clauses = _per_culprit(programs, label_of, culprits, "rank {rank}'s dump lists {op} as pending")
         message = (
