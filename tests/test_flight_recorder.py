@@ -290,9 +290,15 @@ def test_missing_dump_is_the_suspect_when_everyone_present_waits(tmp_path):
     for rank in (0, 1, 3):
         write(tmp_path, rank, [entry(s, state="scheduled" if s == 4 else "completed") for s in range(1, 5)], world=4)
     verdict = verdict_of(tmp_path)
-    # Every rank that dumped waits for rank 2 in seq 4: the waits end in it, and only its dump is missing.
-    assert verdict.culprit_ranks == [2] and verdict.confidence == "medium"
+    # Every rank that dumped waits for rank 2 in seq 4: the waits end in it, and only its dump is missing. Dumps
+    # alone cannot tell a rank that died from a living one whose dump was lost on the way: low. Where the run's
+    # identity records say the rank started (its watchdog writes every living rank's dump beside them): medium.
+    assert verdict.culprit_ranks == [2] and verdict.confidence == "low"
     assert verdict.findings[0].kind == "fr.missing_dump"
+    load = load_dumps([str(tmp_path)], jobs=1)
+    load.known_ranks = frozenset(range(4))
+    verdict = build_verdict(load)
+    assert verdict.culprit_ranks == [2] and verdict.confidence == "medium"
 
 
 def test_pg_status_counters_count_when_the_entries_are_gone(tmp_path):
