@@ -659,11 +659,12 @@ class _LocalRanks:
         assumed = not self.other_nodes and not mapping
         if assumed:
             placed = {local: local for local in placed}  # one node: its local ranks are the job's
-        if not assumed or self.one_node:
+        local_only = assumed and not self.one_node  # nothing said there was one node
+        if not local_only:  # (local only, the tail's lines read as _UNPLACED)
             self.placing = LocalPlacing(None if assumed else mapping or {})
         for event in self.events:
             event.rank = placed.get(event.rank) if event.rank is not None else None
-            event.rank_from = "local" if assumed and not self.one_node and event.rank is not None else None
+            event.rank_from = "local" if local_only and event.rank is not None else None
         for traceback in tracebacks:
             if traceback.rank in placed and traceback.rank in self.seen:
                 traceback.rank = placed[traceback.rank]

@@ -372,7 +372,12 @@ def _starts_alike(line: bytes, following: bytes) -> bool:
     """The same kind of start: `[1,5]<stdout>` and `[1,7]<stdout>`, two records of one log; behind the colour
     codes a logger puts before some records and not others (`\x1b[1;31mDLL 2025` and `DLL 2025`). A launcher's
     prefix stays: the rest of a `[rank0]: iteration ...` record may start with `iterations`."""
-    return _uncoloured(following)[:_PREFIX].translate(_DIGITS) == _uncoloured(line)[:_PREFIX].translate(_DIGITS)
+    return _start(following) == _start(line)
+
+
+def _start(line: bytes) -> bytes:
+    """A line's kind of start, as _starts_alike compares it: its first bytes behind colour codes, digits as one."""
+    return _uncoloured(line)[:_PREFIX].translate(_DIGITS)
 
 
 _LEADING_COLOUR = re.compile(rb"(?:\x1b\[[0-?]{0,16}[ -/]{0,4}[@-~])+")
@@ -448,14 +453,12 @@ def _pieces_lack_the_prefix(lines: list[bytes], follows: list[tuple[int, bytes, 
     """Whether the log's records all start alike (a launcher's or a host's prefix before each: `node29:
     [default0]:`) and the lines after those at the width do not: a terminal's wrap leaves its pieces without the
     prefix, wherever the column fell (between two words: `... NCCL WARN` / ` NET/IB : Unable to query port 1`)."""
-    starts = Counter(_uncoloured(line)[:_PREFIX].translate(_DIGITS) for line in lines if line)
+    starts = Counter(_start(line) for line in lines if line)
     if not starts:
         return False
     common, count = starts.most_common(1)[0]
     pieces = [following for _, _, following in follows]
-    return count >= 0.9 * (len(lines) - len(pieces)) and not any(
-        _uncoloured(piece)[:_PREFIX].translate(_DIGITS) == common for piece in pieces
-    )
+    return count >= 0.9 * (len(lines) - len(pieces)) and not any(_start(piece) == common for piece in pieces)
 
 
 # The bytes of a line's end compared with other lines' ends (_whole_records).
@@ -519,10 +522,8 @@ def _launcher(prefix: bytes) -> str:
         return "mpirun"
     if b"[rank" in prefix or b"[default" in prefix:
         return "torchrun"
-    label = _OUTER.match(prefix).group("label")
-    if label:
-        return f"srun {len(label.rstrip().rstrip(b':'))}"
-    return "srun" if any(48 <= c <= 57 for c in _uncoloured(prefix)[:7]) else "colour"
+    label = _OUTER.match(prefix).group("label")  # what is left of a prefix _OUTER read: srun's label, or none
+    return f"srun {len(label.rstrip().rstrip(b':'))}" if label else "colour"
 
 
 def _hold_wrapped(buffer: bytes, cut: int, width: int) -> int:
