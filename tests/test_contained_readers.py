@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -128,7 +129,13 @@ def test_a_file_swapped_for_a_link_after_listing_is_not_read(tmp_path):
     for name in ("rank3.log", "rank1.log"):
         with pytest.raises(Refused, match="outside the folder given"):
             read_whole(found[name].path)
-    records = read_logs([found["rank3.log"], found["rank1.log"]], matcher_for())
+    # A small log's content was read when it was listed, inside the folder: what is read is that, never the link.
+    swapped = [found["rank3.log"], found["rank1.log"]]
+    records = read_logs(swapped, matcher_for())
+    assert {e.rank for e in records.events} == {1, 3}
+    assert all(SECRET not in e.text for e in records.events)
+    # A log opened again when it is read (one past the bytes kept from sniffing) is checked again, and refused.
+    records = read_logs([replace(found_input, content=None) for found_input in swapped], matcher_for())
     assert not records.files_read and not records.events
     assert all("outside the folder given" in p for p in records.problems)
 

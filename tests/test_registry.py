@@ -290,3 +290,99 @@ def test_a_backstop_that_never_fired_is_no_problem_but_an_empty_dump_is(tmp_path
     assert problems == [
         f"{tmp_path / 'faulthandler-rank2.txt'}: the file is empty (nothing was written to it, or it was cut off)."
     ]
+
+
+def _every_kind_in_order(head) -> int:
+    """The sniff without the first-byte shortcut: each kind asked in order."""
+    from torchtriage.sources import registry
+
+    return next((index for index, kind in enumerate(registry._SNIFF_ORDER) if kind.sniff(head)), -1)
+
+
+def test_the_first_byte_shortcut_sniffs_every_head_as_asking_every_kind_does():
+    """A kind is skipped only where its own sniff could not hold: every recorded artifact, under every white space
+    a file may start with, and seeded random heads made of the bytes that start each kind, sniff alike."""
+    import random
+
+    from torchtriage.sources.registry import Head, _head_of, _sniff_index
+
+    heads = []
+    for path in sorted(p for p in FIXTURES.rglob("*") if p.is_file()):
+        raw = path.read_bytes()[:8192]
+        for lead in (b"", b"  ", b"\n\t\x0b\x0c\r "):
+            heads.append(_head_of(path.name, lead + raw))
+    rng = random.Random(7)
+    starts = [b"{", b"[", b"\x80\x04", b"P", b"F", b"T", b"C", b"S", b"=", b"v", b"r", b"+", b"G", b"L", b"\xa0", b""]
+    words = [
+        b'"schema": "torchtriage.identity"',
+        b"Process 1: x\nPython v3",
+        b"=== Rank 0: ",
+        b"Stack (most recent call first):",
+        b"verdict   ",
+        b"GPU 0: H100 (UUID: x)",
+        b"entries",
+        b"segments",
+        b'"traceEvents"',
+        b"]",
+        b"}",
+        b"\n",
+        b"\x00",
+    ]
+    for _ in range(3000):
+        body = b" " * rng.randrange(3) + rng.choice(starts) + b"".join(rng.choices(words, k=rng.randrange(5)))
+        heads.append(Head(rng.choice(["rank1.log", "notes.md", "x.py", "d.json"]), body, False))
+    assert all(_sniff_index(head) == _every_kind_in_order(head) for head in heads)
+
+
+def test_small_logs_are_read_from_their_sniff_within_the_carried_bytes(tmp_path, monkeypatch):
+    """A folder of tiny logs is opened once: each log's content comes from its sniff, up to CARRIED_BYTES in all
+    (the rest opened again when read); the verdict is the same either way."""
+    from torchtriage.analysis.pipeline import triage_paths
+    from torchtriage.sources import registry
+
+    line = "[rank{r}]: step 12 loss 2.31\n"
+    for rank in range(40):
+        (tmp_path / f"rank{rank}.log").write_text(line.format(r=rank))
+    (tmp_path / "rank7.log").write_text(line.format(r=7) + OOM_LINE_7)
+    (tmp_path / "rank8.log").write_bytes(gzip.compress(line.format(r=8).encode()))
+    whole = discover([str(tmp_path)], [])
+    carried = {Path(i.path).name: i.content for i in whole}
+    assert carried["rank3.log"] == line.format(r=3).encode() and carried["rank8.log"] is None  # gzip: opened again
+    verdict = triage_paths([str(tmp_path)])
+    monkeypatch.setattr(registry, "CARRIED_BYTES", 200)
+    bounded = discover([str(tmp_path)], [])
+    assert 0 < sum(len(i.content or b"") for i in bounded) <= 200
+    assert any(i.content is None for i in bounded if not i.path.endswith("rank8.log"))
+    again = triage_paths([str(tmp_path)])
+    assert (again.category, again.culprit_ranks, again.summary) == (
+        verdict.category,
+        verdict.culprit_ranks,
+        verdict.summary,
+    )
+    assert (verdict.category, verdict.culprit_ranks) == ("oom", [7])
+
+
+OOM_LINE_7 = "[rank7]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.\n"
+
+
+def test_a_folder_swapped_for_a_link_out_after_its_listing_opens_nothing(tmp_path):
+    """The files of a folder found are opened inside that folder's descriptor, whose place is asked once: a folder
+    swapped for a link out of the folders given after the walk listed it gives nothing away."""
+    from torchtriage.sources.streams import FoundFiles, Refused, give_folder
+
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    (run / "node1").mkdir(parents=True)
+    outside.mkdir()
+    (run / "node1" / "rank1.log").write_text("step 1\n")
+    (outside / "rank1.log").write_text("token=secret\n")
+    give_folder(str(run))
+    path = str(run / "node1" / "rank1.log")
+    with FoundFiles() as opened:
+        fd, status = opened.open(path)
+        os.close(fd)
+        assert status.st_size == len("step 1\n")
+    (run / "node1" / "rank1.log").unlink()
+    (run / "node1").rmdir()
+    (run / "node1").symlink_to(outside, target_is_directory=True)
+    with FoundFiles() as opened, pytest.raises(Refused, match="outside the folder given"):
+        opened.open(path)

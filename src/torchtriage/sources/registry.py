@@ -9,13 +9,15 @@ the verb that does. Only regular files are opened: a FIFO, socket or device woul
 
 from __future__ import annotations
 
+import functools
+import io
 import json
 import os
 import re
 import sys
 import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import BinaryIO
 
@@ -29,6 +31,7 @@ from torchtriage.sources.streams import (
     GZIP_MAGIC,
     KERNEL_FILE,
     Budgeted,
+    FoundFiles,
     Replay,
     TolerantGunzip,
     describe_os_error,
@@ -44,6 +47,7 @@ from torchtriage.sources.streams import (
 STDIN = "-"
 HEAD_BYTES = 8192
 _PICKLE = re.compile(rb"\A\x80[\x02-\x05]")
+_FIRST_BYTE = re.compile(rb"\s*(.)", re.DOTALL)
 _PYSPY_TEXT = re.compile(rb"\A\s*Process \d+: .*\n\s*Python v\d", re.MULTILINE)
 # A dump starts with its header: after a fatal error's or a timeout's first line, a thread's (or the stack's).
 _FAULTHANDLER = re.compile(
@@ -77,9 +81,11 @@ class Head:
     data: bytes
     compressed: bool
 
-    @property
+    @functools.cached_property
     def text_start(self) -> bytes:
-        return self.data.lstrip()[:1]
+        """The first byte after ASCII white space (b"" for none), found without copying the head."""
+        found = _FIRST_BYTE.match(self.data)
+        return found.group(1) if found else b""
 
     def has(self, *keys: bytes, within: int = HEAD_BYTES) -> bool:
         return any(key in self.data[:within] for key in keys)
@@ -92,6 +98,9 @@ class SourceType:
     read_by: str  # the verb that reads it on its own
     sniff: Callable[[Head], bool]
     trailing_number_is_rank: bool = False
+    # The bytes its first byte after ASCII white space may be (empty: any): a kind that cannot start so is not
+    # asked, which spares a folder of a million logs a dozen sniffs each. Each is what its sniff requires.
+    starts_with: bytes = b""
 
 
 def _is_pickle(head: Head) -> bool:
@@ -215,17 +224,26 @@ def _log(head: Head) -> bool:
 
 # Tried in this order: the most specific first; any other text is a log.
 SOURCE_TYPES: tuple[SourceType, ...] = (
-    SourceType(SourceKind.IDENTITY, "a rank's identity record (its host, pid and GPU)", "diagnose", _identity),
-    SourceType(SourceKind.TORCHTRIAGE_OUTPUT, "torchtriage's own output", "", _torchtriage_output),
-    SourceType(SourceKind.MEMORY_SNAPSHOT, "a CUDA memory snapshot", "memory", _memory_snapshot),
-    # A trace's distributedInfo holds a pg_config too: the trace's own keys decide first.
-    SourceType(SourceKind.PROFILER_TRACE, "a profiler trace", "trace", _profiler_trace, True),
-    SourceType(SourceKind.FLIGHT_RECORDER, "a flight-recorder dump", "fr", _flight_recorder, True),
-    SourceType(SourceKind.MEMORY_TIMELINE, "a memory timeline (export_memory_timeline)", "", _memory_timeline),
-    SourceType(SourceKind.PYSPY, "a py-spy stack dump", "diagnose", _pyspy),
-    SourceType(SourceKind.FAULTHANDLER, "a faulthandler stack dump", "diagnose", _faulthandler),
     SourceType(
-        SourceKind.DEBUG_SERVER_STACKS, "a debug server's dump of every rank's stack", "diagnose", _debug_server_stacks
+        SourceKind.IDENTITY, "a rank's identity record (its host, pid and GPU)", "diagnose", _identity, False, b"{"
+    ),
+    SourceType(SourceKind.TORCHTRIAGE_OUTPUT, "torchtriage's own output", "", _torchtriage_output, False, b"{vr"),
+    SourceType(SourceKind.MEMORY_SNAPSHOT, "a CUDA memory snapshot", "memory", _memory_snapshot, False, b"\x80"),
+    # A trace's distributedInfo holds a pg_config too: the trace's own keys decide first.
+    SourceType(SourceKind.PROFILER_TRACE, "a profiler trace", "trace", _profiler_trace, True, b"{"),
+    SourceType(SourceKind.FLIGHT_RECORDER, "a flight-recorder dump", "fr", _flight_recorder, True, b"{\x80"),
+    SourceType(
+        SourceKind.MEMORY_TIMELINE, "a memory timeline (export_memory_timeline)", "", _memory_timeline, False, b"["
+    ),
+    SourceType(SourceKind.PYSPY, "a py-spy stack dump", "diagnose", _pyspy, False, b"[P"),
+    SourceType(SourceKind.FAULTHANDLER, "a faulthandler stack dump", "diagnose", _faulthandler, False, b"FTCS"),
+    SourceType(
+        SourceKind.DEBUG_SERVER_STACKS,
+        "a debug server's dump of every rank's stack",
+        "diagnose",
+        _debug_server_stacks,
+        False,
+        b"=P",
     ),
     SourceType(SourceKind.NVIDIA, "nvidia-smi or NVML output", "nvlink --from", _nvidia),
     SourceType(SourceKind.DOCUMENT, "a document or source file", "", _document),
@@ -238,6 +256,8 @@ _UNKNOWN_PICKLE = SourceType(
     "snapshot (`torchtriage memory`)",
     "",
     _is_pickle,
+    False,
+    b"\x80",
 )
 
 
@@ -278,9 +298,20 @@ _SNIFF_ORDER = (
 )
 
 
+@functools.cache
+def _may_be(first: bytes) -> tuple[tuple[int, SourceType], ...]:
+    """The kinds, with their places in _SNIFF_ORDER, that a head whose first byte after white space is `first`
+    may be, in order."""
+    return tuple(
+        (index, kind)
+        for index, kind in enumerate(_SNIFF_ORDER)
+        if not kind.starts_with or (first and first in kind.starts_with)
+    )
+
+
 def _sniff_index(head: Head) -> int:
     """Where the kind of an artifact is in _SNIFF_ORDER (-1: binary data)."""
-    return next((index for index, kind in enumerate(_SNIFF_ORDER) if kind.sniff(head)), -1)
+    return next((index for index, kind in _may_be(head.text_start) if kind.sniff(head)), -1)
 
 
 def _type_at(index: int) -> SourceType:
@@ -317,6 +348,8 @@ class Input:
     compressed: bool
     rank: int | None  # what its name implies; a loader may read a better one from the content
     named: bool = True  # named by the user, not found in a folder
+    # A small log's whole content, read when it was sniffed: a folder of a million files is opened once.
+    content: bytes | None = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self) -> SourceKind:
@@ -366,19 +399,45 @@ EMPTY = "the file is empty (nothing was written to it, or it was cut off)."
 
 def _unfired_backstop(path: str, reason: str) -> bool:
     """The watchdog's faulthandler backstop, found empty in a folder: it never had to fire (protocol.py)."""
-    return reason == EMPTY and os.path.basename(path).startswith(BACKSTOP_PREFIX)
+    # The prefix anywhere in the path first: a folder of 400,000 empty files is not cut into names.
+    return reason == EMPTY and BACKSTOP_PREFIX in path and os.path.basename(path).startswith(BACKSTOP_PREFIX)
 
 
-# What sniffing a file gives: its kind (an index in _SNIFF_ORDER, -1: binary), whether it is gzip, its rank;
-# or why it is not read. Plain data: the results of a folder of thousands come back pickled from children.
-_Sniffed = tuple[int, bool, int | None]
+# What sniffing a file gives: its kind (an index in _SNIFF_ORDER, -1: binary), whether it is gzip, its rank, and a
+# small log's whole content (see _Carry); or why it is not read. Plain data: the results of a folder of thousands
+# come back pickled from children.
+_Sniffed = tuple[int, bool, int | None, bytes | None]
+
+# The most bytes of small logs that sniffing keeps for their reader, in all: up to this much, a folder of tiny
+# logs is opened once; past it, each log is opened again when it is read.
+CARRIED_BYTES = 64 << 20
 
 
-def _sniff_file(path: str, found: bool | None = None) -> _Sniffed | str:
+class _Carry:
+    """What is left of one process's share of CARRIED_BYTES. Each forked child spends its own copy, so the
+    shares of every process together stay within the whole."""
+
+    def __init__(self, share: int) -> None:
+        self.left = share
+
+    def take(self, data: bytes) -> bytes | None:
+        if len(data) > self.left:
+            return None
+        self.left -= len(data)
+        return data
+
+
+_NO_CARRY = _Carry(0)
+
+
+def _sniff_file(
+    path: str, found: bool | None = None, carry: _Carry = _NO_CARRY, opened: FoundFiles | None = None
+) -> _Sniffed | str:
     """What a regular file is, from its first bytes (read from the descriptor whose size was taken), or why it
-    is not read. `found`: whether it was found in a folder given (None: look it up)."""
+    is not read. `found`: whether it was found in a folder given (None: look it up), then opened by `opened`; a
+    log read whole here is kept while `carry` allows."""
     try:
-        fd, status = open_fd(path, found)
+        fd, status = opened.open(path) if opened is not None else open_fd(path, found)
     except OSError as err:
         return unreadable(err)
     try:
@@ -393,12 +452,14 @@ def _sniff_file(path: str, found: bool | None = None) -> _Sniffed | str:
     if head.compressed and not head.data:
         return "a gzip file that cannot be decompressed."
     index = _sniff_index(head)
-    return index, head.compressed, rank_from_name(path, _type_at(index).kind)
+    kind = _type_at(index).kind
+    whole = kind == SourceKind.LOG and not head.compressed and len(raw) == status.st_size
+    return index, head.compressed, rank_from_name(path, kind), carry.take(raw) if whole else None
 
 
 def _input_of(path: str, sniffed: _Sniffed, named: bool) -> Input:
-    index, compressed, rank = sniffed
-    return Input(path, _type_at(index), compressed, rank, named)
+    index, compressed, rank, content = sniffed
+    return Input(path, _type_at(index), compressed, rank, named, content)
 
 
 def _examine(path: str, problems: list[str], named: bool) -> Input | None:
@@ -414,16 +475,18 @@ def _examine(path: str, problems: list[str], named: bool) -> Input | None:
 _FORK_FROM = 2048
 
 
-def _sniff_found(path: str) -> _Sniffed | str:
-    return _sniff_file(path, found=True)
+def _sniff_found(path: str, carry: _Carry, opened: FoundFiles) -> _Sniffed | str:
+    return _sniff_file(path, True, carry, opened)
 
 
-def _sniff_all(files: list[str]) -> list[_Sniffed | str]:
+def _sniff_all(files: list[str], carry: _Carry) -> list[_Sniffed | str]:
     """Each file of a folder sniffed; a folder of thousands (a rank's stack and dump each) on every core."""
     jobs = usable_cores()
-    if jobs > 1 and len(files) >= _FORK_FROM and can_fork():
-        return map_forked(_sniff_found, files, jobs)
-    return [_sniff_found(f) for f in files]
+    with FoundFiles() as opened:
+        if jobs > 1 and len(files) >= _FORK_FROM and can_fork():
+            share = _Carry(carry.left // jobs)
+            return map_forked(partial(_sniff_found, carry=share, opened=opened), files, jobs)
+        return [_sniff_found(f, carry, opened) for f in files]
 
 
 _Walked = tuple[list[str], list[_Sniffed | str], list[str]]  # files, each one's sniff, the walk's problems
@@ -434,15 +497,20 @@ def _walked_and_sniffed(folder: str) -> _Walked:
     many folders is cut into subtrees, each walked and sniffed whole by one core (the sort of a million names is
     as costly as their sniffing); the files met on the way are sniffed as a folder's files are."""
     jobs = usable_cores()
+    carry = _Carry(CARRIED_BYTES)
     if jobs < 2 or not can_fork():
-        return _walk_and_sniff(folder)
+        return _walk_and_sniff(folder, carry)
     pieces = folder_walk.split(folder, wanted=jobs * 4)
     subtrees = [value for kind, value in pieces if kind == folder_walk.SUBTREE]
     loose = [value for kind, value in pieces if kind == folder_walk.FILE]
-    here_only = partial(_walk_and_sniff, here_only=True)
-    each = map_forked(here_only, subtrees, jobs) if len(subtrees) > 1 else map(_walk_and_sniff, subtrees)
+    if len(subtrees) > 1:  # each process spends its share; the few files met on the way are opened again
+        here_only = partial(_walk_and_sniff, carry=_Carry(carry.left // jobs), here_only=True)
+        each: Iterable[_Walked] = map_forked(here_only, subtrees, jobs)
+        carry = _NO_CARRY
+    else:
+        each = [_walk_and_sniff(subtree, carry) for subtree in subtrees]
     walked = dict(zip(subtrees, each, strict=True))
-    sniffed_loose = dict(zip(loose, _sniff_all(loose), strict=True))
+    sniffed_loose = dict(zip(loose, _sniff_all(loose, carry if not subtrees else _NO_CARRY), strict=True))
     files: list[str] = []
     sniffed: list[_Sniffed | str] = []
     problems: list[str] = []
@@ -460,12 +528,15 @@ def _walked_and_sniffed(folder: str) -> _Walked:
     return files, sniffed, problems
 
 
-def _walk_and_sniff(folder: str, here_only: bool = False) -> _Walked:
+def _walk_and_sniff(folder: str, carry: _Carry, here_only: bool = False) -> _Walked:
     """The walk of `folder` and each file's sniff, on every core, or in this process alone (`here_only`: what each
     core does with its subtrees)."""
     problems: list[str] = []
     files = folder_walk.walk(folder, problems)
-    return files, [_sniff_found(f) for f in files] if here_only else _sniff_all(files), problems
+    if not here_only:
+        return files, _sniff_all(files, carry), problems
+    with FoundFiles() as opened:
+        return files, [_sniff_found(f, carry, opened) for f in files], problems
 
 
 # Past this many files alike (empty, of no kind read here), the rest are counted, not listed one a line.
@@ -554,7 +625,10 @@ def discover(paths: Iterable[str], problems: list[str]) -> list[Input]:
 def open_input(item: Input) -> BinaryIO:
     """The artifact's content as a binary stream, un-gzipped (a cut-off gzip yields what it holds), its bytes
     counted against the budget for streamed files."""
-    raw: BinaryIO = _Stdin.stream() if item.path == STDIN else open_regular(item.path)
+    if item.content is not None:
+        raw: BinaryIO = io.BytesIO(item.content)
+    else:
+        raw = _Stdin.stream() if item.path == STDIN else open_regular(item.path)
     stream = TolerantGunzip(raw) if item.compressed else raw
     return Budgeted(stream, ByteBudget("it", streamed=True))  # type: ignore[return-value,arg-type]
 

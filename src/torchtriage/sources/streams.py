@@ -205,6 +205,68 @@ def open_fd(path: str, found: bool | None = None) -> tuple[int, os.stat_result]:
         raise
 
 
+_DIRECTORY = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_CLOEXEC", 0)
+_AT_FOLDER = os.open in os.supports_dir_fd
+
+
+class FoundFiles:
+    """Opens the files found in the folders given, one folder at a time, as `open_fd` would: the folder is
+    opened once and where it really is asked once (the kernel's answer, on its descriptor), then each of its
+    files is opened inside that descriptor without following a link at its end, so none can lead out of it. A
+    folder of a million files is then not asked where each file is. A link, and any file where the folder could
+    not be opened, goes the way of `open_fd` (which follows a link only inside the folders given, or says why
+    not). Use one per process (a forked child opens its own folders) and close it when done."""
+
+    def __init__(self) -> None:
+        self._folder: str | None = None
+        self._fd = -1
+
+    def open(self, path: str) -> tuple[int, os.stat_result]:
+        folder, name = os.path.split(path)
+        if folder != self._folder:
+            self._enter(folder)
+        if self._fd < 0:
+            return open_fd(path, True)
+        try:
+            fd = os.open(name, _FLAGS | _NO_FOLLOW, dir_fd=self._fd)
+        except OSError as err:
+            if err.errno in (errno.ELOOP, errno.EMLINK):  # a link: followed only to a file inside the folders given
+                return open_fd(path, True)
+            raise
+        try:
+            status = os.fstat(fd)
+            _check_status(status)
+            return fd, status
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def _enter(self, folder: str) -> None:
+        self.close()
+        self._folder = folder
+        if not _AT_FOLDER or not _NO_FOLLOW:
+            return
+        try:
+            fd = os.open(folder or ".", _DIRECTORY)
+        except OSError:
+            return  # each file then says why it cannot be opened
+        if inside_given(_real_place(fd, folder)):
+            self._fd = fd
+        else:
+            os.close(fd)  # swapped for a link out since the walk: each file is refused as open_fd refuses it
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._folder, self._fd = None, -1
+
+    def __enter__(self) -> FoundFiles:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
 class _UpToSize(io.RawIOBase):
     """A file's bytes up to `size`: a file still being written ends where it was when it was opened."""
 
