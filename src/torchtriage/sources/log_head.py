@@ -81,6 +81,8 @@ def _is_body(text: str) -> bool:
 
 
 def _closes_what_it_never_opened(text: str) -> bool:
+    if ")" not in text and "]" not in text and "}" not in text:
+        return False  # most lines close nothing: decided in C
     depth = 0
     for char in text:
         if char in "([{":
@@ -99,13 +101,16 @@ def first_line(tail: LogTail) -> str:
     pending = ""  # the line being read: blanks so far, or the start of the first line that carries something
     for start in range(0, len(tail.data), _HEAD_BYTES):
         pending += decoder.decode(tail.data[start : start + _HEAD_BYTES], final=start + _HEAD_BYTES >= len(tail.data))
-        lines = pending.splitlines(keepends=True)
-        ended = [line for line in lines if line.splitlines()[0] != line]
-        for line in ended:
-            text = normalise(line.splitlines()[0][:MAX_LINE_CHARS]).text
+        unended = ""
+        for line in pending.splitlines(keepends=True):  # up to the first line that carries something, no further
+            body = line.splitlines()[0]
+            if body == line:
+                unended = line  # the last line, its end not read yet
+                break
+            text = normalise(body[:MAX_LINE_CHARS]).text
             if text.strip():  # a launcher's prefix alone ("[default0]:") carries nothing
                 return text
-        pending = lines[-1] if len(ended) < len(lines) else ""
+        pending = unended
         if len(pending) >= MAX_LINE_CHARS:
             break  # one line longer than any line is read: its start is enough
     return normalise(pending[:MAX_LINE_CHARS]).text if pending.strip() else ""
