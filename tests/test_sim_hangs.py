@@ -259,6 +259,20 @@ def test_one_op_more_among_eight_is_named_where_its_peers_ran_out_of_ops_first()
     assert found.facts["site"].endswith(":725 in another_combine_tokens")
 
 
+@pytest.mark.parametrize("seed", [4123, 2172, 1579])
+def test_ranks_waiting_for_idle_ones_that_disagree_at_a_seq_name_their_minority(seed):
+    """gloo, the idle ranks in sends or recvs no dump records (4123: a 16-stage pipeline, rank 5's extra
+    all_gather against eight all_reduces at seq 9; 2172: a rank that used the world for its subgroup; 1579: an
+    early exit). Read as "the idle ranks stopped issuing", they were blamed (4123, at medium) or made candidates;
+    had they departed, the ranks waiting for them would have issued one op at that seq. The minority is named."""
+    case, verdict, scored = _verdict_of(seed)
+    assert case.backend == "gloo" and scored.outcome == "right", case.describe()
+    reading = verdict["facts"]["flight_recorder"]["decided_by"]
+    assert reading.startswith("another collective than the other ranks") and verdict["confidence"] == "medium"
+    lead = verdict["findings"][0]
+    assert lead["kind"] == "fr.op_mismatch" and "wait in no collective" in lead["message"], lead["message"]
+
+
 @pytest.mark.parametrize("seed", [1049, 7881])
 def test_a_pipeline_of_sends_and_recvs_alone_on_nccl_is_read_from_its_pending_ops(seed):
     """A pipeline mesh whose ranks issue sends and recvs only (no collective): NCCL records their states, and the

@@ -917,7 +917,7 @@ def assess_dumps(load: LoadResult) -> Assessment:
     # of who waits for whom decides otherwise, it leads and the groups' disagreements are its aftermath.
     # A cycle is told only by the graph; a sink the groups' own disagreement says as well, when it agrees.
     graph_leads = graph.kind in ("cycle", "p2p", "no_dump", "stopped", "lone_waiter") or (
-        graph.kind in ("sink", "not_begun", "shifted") and sorted(graph.culprits) != per_group
+        graph.kind in ("sink", "not_begun", "shifted", "odd_waiter") and sorted(graph.culprits) != per_group
     )
     if graph_leads:
         primary, collateral = [], primary + collateral
@@ -1114,6 +1114,8 @@ _GRAPH_CONFIDENCE = {
     wait_for.LEFT_MID_STEP: "medium",
     # Every other member agrees against it, but one story of one rank's extra op against all others' early stop.
     wait_for.ONE_OP_AHEAD: "medium",
+    # The rest agree against it, and the idle ranks may wait for it unrecorded: one departure explains all.
+    wait_for.ODD_WAITER: "medium",
     # Two stories leave the same records (its loop ended sooner, or its peer's ran longer): no third rank counts.
     wait_for.LOOP_LENGTH: "low",
     "its own program order, seen once before": "medium",

@@ -530,6 +530,11 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
             graph.kind, graph.culprits, graph.decided_by = "shifted", [rank], ONE_OP_AHEAD
             graph.departure = {"issued": extra, "peers_issued": instead, "idle": sinks}
             return graph
+        odd = _odd_waiters(graph, programs, sinks)
+        if odd is not None:
+            graph.kind, graph.culprits, graph.decided_by = "odd_waiter", odd.pop("culprits"), ODD_WAITER
+            graph.departure = odd | {"idle": sinks}
+            return graph
         lone = _lone_waiter(graph, programs, sinks, members_of) if members_of is not None else None
         if lone is not None:
             graph.kind, graph.candidates, graph.decided_by = "lone_waiter", sorted([lone, *sinks]), "undecided"
@@ -565,6 +570,31 @@ def decide(graph: WaitFor, programs: dict[int, Program], members_of=None) -> Wai
 
 
 ONE_OP_AHEAD = "one op more, from a call site it never used before, where every other member called another"
+ODD_WAITER = "another collective than the other ranks that wait at its seq, beside ranks in no collective"
+
+
+def _odd_waiters(graph: WaitFor, programs: dict[int, Program], sinks: list[int]) -> dict | None:
+    """The ranks that wait for the idle ones disagree: at one seq of one group, a minority issued another
+    collective than the rest (two at least, in agreement). The idle ranks alone cannot explain that: had they
+    departed, the others would still have issued the same op there. One departure explains both: the minority
+    issued another op (one more, or another instead), and the idle ranks wait for it where no dump records (a
+    pipeline's send or recv, which gloo does not record; a communicator's creation; a store wait). Returns the
+    minority and its op, the rest and theirs."""
+    by_seq: dict[tuple, dict[str, list[IssuedOp]]] = {}
+    by_op: dict[int, int] = {}  # id(op) -> rank
+    for rank, targets in graph.edges.items():
+        op = programs[rank].waiting
+        if targets & set(sinks) and op is not None and op.peer is None:
+            by_seq.setdefault(op.key, {}).setdefault(op.op, []).append(op)
+            by_op[id(op)] = rank
+    for ops in by_seq.values():
+        if len(ops) != 2:
+            continue
+        fewer, more = sorted(ops.values(), key=len)
+        if len(more) >= 2 and len(more) > len(fewer):
+            ranks = [sorted(by_op[id(op)] for op in side) for side in (fewer, more)]
+            return {"issued": fewer[0], "peers_issued": more[0], "culprits": ranks[0], "peers": ranks[1]}
+    return None
 
 
 def _lone_waiter(graph: WaitFor, programs: dict[int, Program], sinks: list[int], members_of) -> int | None:

@@ -119,6 +119,21 @@ def finding(graph: WaitFor, programs: dict[int, Program], label_of, path_of) -> 
         if extra.site:
             facts["site"] = extra.site
         kind, evidence_ranks = "fr.extra_op", [rank, *idle]
+    elif graph.kind == "odd_waiter":
+        issued, instead, idle = graph.departure["issued"], graph.departure["peers_issued"], graph.departure["idle"]
+        label = label_of(culprits[0], issued.group)
+        others = graph.departure["peers"]
+        message = (
+            f"{format_ranks(culprits)} issued {issued.describe(label)}, where {format_ranks(others)} issued "
+            f"{instead.what(label)}: one side departed, and the minority did (the rest agree); "
+            f"{format_ranks(idle)} {'waits' if len(idle) == 1 else 'wait'} in no collective, which only one more "
+            "departure would explain, or a wait for it that no dump records (a pipeline's send or recv gloo does "
+            f"not record, a communicator's creation, a store wait): {_waits(graph, programs, label_of, waiting)}"
+        )
+        facts |= {"seq": issued.seq, "group": label, "issued": issued.what(label)}
+        if issued.site:
+            facts["site"] = issued.site
+        kind, evidence_ranks = "fr.op_mismatch", [*culprits, *others[:1], *idle[:1]]
     elif graph.kind == "lone_waiter":
         rank, idle = graph.departure["waiter"], graph.departure["idle"]
         op = programs[rank].waiting
