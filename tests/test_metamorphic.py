@@ -156,6 +156,28 @@ def test_two_pieces_without_the_prefix_every_record_carries_are_a_wrap_wherever_
     assert str(verdict.category) == "nccl_transport", verdict.summary
 
 
+def test_a_log_cut_inside_a_wrapped_record_is_read_as_wrapped_all_the_same():
+    # NCCL's records (host:pid:tid [dev] before each) wrapped at 80, then cut mid-record at the start (a paste, a
+    # `tail`): the first line is the rest of a record with its piece after it, neither starting as records do. They
+    # are no records of the log's census; the two pieces of NCCL's WARN and its trail are a wrap (long-tail seed
+    # 38668: its WARN, cut in two, was read as NCCL's result trail, nccl_transport at medium).
+    head = "node38:1384069:1384880 [3] "
+    lines = [
+        f"{head}NCCL INFO NET/IB : Using [0]mlx5_0:1/IB [1]mlx5_1:1/IB ; OOB eth0:172.16.65.134<0>",
+        f"{head}NCCL INFO Using network IB",
+        f"{head}NCCL INFO Channel 00/16 :    0   1   2   3   4   5   6   7",
+        f"{head}misc/socket.cc:464 NCCL WARN Net : error encountered when getting address info : Name or service "
+        "not known",
+        f"{head}NCCL INFO misc/socket.cc:659 -> 3",
+        f"{head}NCCL INFO bootstrap.cc:381 -> 3",
+    ]
+    wrapped = hard_wrap("\n".join(lines) + "\n", 80)
+    cut = wrapped[wrapped.index("3] NCCL INFO NET/IB") :]
+    assert wrap_width(cut.encode()) is not None
+    verdict = triage_text(cut)
+    assert str(verdict.category) == "rendezvous", verdict.summary
+
+
 def test_the_rest_of_a_wrapped_line_that_looks_like_an_srun_label_of_another_width_is_no_label():
     # srun --label pads every task id of a step to the widest (" 78: " among 256 tasks). A terminal's wrap that cut
     # NCCL's "...ncclIbCreateQpMlx" / "5: mlx5dv_create_qp failed ..." left a "5: " of another width: the rest of

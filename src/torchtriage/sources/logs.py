@@ -458,7 +458,20 @@ def _pieces_lack_the_prefix(lines: list[bytes], follows: list[tuple[int, bytes, 
         return False
     common, count = starts.most_common(1)[0]
     pieces = [following for _, _, following in follows]
-    return count >= 0.9 * (len(lines) - len(pieces)) and not any(_start(piece) == common for piece in pieces)
+    records = len(lines) - len(pieces) - _cut_head(lines, common)
+    return count >= 0.9 * records and not any(_start(piece) == common for piece in pieces)
+
+
+# The most lines before a log's first record that its cut head may be: the end of a record and its pieces.
+_CUT_HEAD_LINES = 3
+
+
+def _cut_head(lines: list[bytes], common: bytes) -> int:
+    """How many lines come before the first that starts as the records do, at most _CUT_HEAD_LINES: a log cut at its
+    start (a paste, a `tail`) begins with the rest of a record, whose first line's length says nothing of the width
+    and whose pieces follow it unprefixed; a banner before the records is no record of theirs either."""
+    first = next((i for i, line in enumerate(lines[: _CUT_HEAD_LINES + 1]) if _start(line) == common), None)
+    return first if first is not None and first <= _CUT_HEAD_LINES else 0
 
 
 # The bytes of a line's end compared with other lines' ends (_whole_records).
