@@ -74,6 +74,7 @@ class _Candidate:
     generic: bool = False  # on a line that holds a generic CUDA error (knowledge/cascades.toml)
     # A line the job went on after, by its own account (finished_run.survived_warnings): no failure to name.
     survived: bool = False
+    rank_from: str | None = None  # how `rank` was read, where it is an assumption (LogEvent.rank_from)
 
 
 # The findings that single out the culprit of a hang from the logs: the timeout readings, and the rank that left
@@ -222,6 +223,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
             cascades.get(index),
             (e.file, e.line) in generic,
             index in survived,
+            e.rank_from,
         )
         for index, (e, role) in enumerate(zip(records.events, roles, strict=True))
     ]
@@ -252,6 +254,7 @@ def _candidates(records: LogRecords) -> list[_Candidate]:
                 line=tb.exception_line or tb.line,
                 order=len(records.events) + tb.line,
                 text=f"{tb.exception}: {tb.message}".rstrip(": "),
+                rank_from=tb.rank_from,
             )
         )
     return candidates
@@ -345,6 +348,7 @@ def _blocked_in_collective(tb: PyTraceback, order_base: int) -> _Candidate | Non
         line=tb.line,
         order=order_base + tb.line,
         text=f'File "{last.file}", line {last.line}, in {last.function} (stack ends inside {op})',
+        rank_from=tb.rank_from,
     )
 
 
@@ -609,7 +613,8 @@ def _user_frame(records: LogRecords, ranks: list[int], near: _Candidate):
 
 
 def _frame_fact(tb: PyTraceback, frame) -> dict:
-    return frame.to_fact(tb.rank)
+    fact = frame.to_fact(tb.rank)
+    return fact | {"rank_is_local": True} if tb.rank_from == "local" else fact
 
 
 def _nothing_found(records: LogRecords) -> Assessment:
@@ -809,7 +814,7 @@ def _assess_logs(records: LogRecords) -> Assessment:
         facts["prefix_hosts"] = hosts
     if failing_host := _failing_host(primary):
         facts["failing_host"] = failing_host
-    tb, frame = _user_frame(records, culprits, primary)
+    tb, frame = _user_frame(records, culprits or facts.get("local_ranks", []), primary)  # a local rank's line too
     if frame is not None:
         facts["user_frame"] = _frame_fact(tb, frame)
         for finding in (blaming, lead):
@@ -890,7 +895,7 @@ def _named_only_as(origin: str, candidates: list[_Candidate], culprits: list[int
     """Whether every line that names the culprits names a number taken for a job's rank on the assumption `origin`
     (`LogEvent.rank_from`: "task", "local")."""
     naming = [c for c in candidates if c.rank in culprits]
-    return bool(naming) and all(c.event is not None and c.event.rank_from == origin for c in naming)
+    return bool(naming) and all(c.rank_from == origin for c in naming)
 
 
 def _task_number_doubt(same_failure: list[_Candidate], culprits: list[int]) -> str | None:
@@ -914,7 +919,7 @@ def _aftermath(primary: _Candidate, candidates: list[_Candidate]) -> list[dict]:
             (c.file, c.line),
             {
                 "rank": c.rank,
-                **({"rank_is_local": True} if c.event is not None and c.event.rank_from == "local" else {}),
+                **({"rank_is_local": True} if c.rank_from == "local" else {}),
                 "file": c.file,
                 "line": c.line,
                 "text": c.text[:300],

@@ -83,8 +83,9 @@ def render_text(verdict: Verdict, stream=None) -> str:
     if waiting:
         # Only a rank outside the named culprits is known not to be one.
         role = "not the culprit" if verdict.culprit_ranks else "which rank started it is not decided"
+        rank = f"{'local rank' if waiting.get('rank_is_local') else 'rank'} {waiting['rank']}"
         lines.append(
-            f"{bold('waiting')}   rank {waiting['rank']} was at {waiting['file']}:{waiting['line']} "
+            f"{bold('waiting')}   {rank} was at {waiting['file']}:{waiting['line']} "
             f"in {waiting['function']} (a rank that reported the failure; {role})"
         )
     if verdict.findings:

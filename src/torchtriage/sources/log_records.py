@@ -68,6 +68,7 @@ class PyTraceback:
     # Printed by sys.unraisablehook ("Exception ignored in: <function ...__del__>"): a destructor or an
     # atexit handler failed, after the fact; it ended nothing.
     ignored: bool = False
+    rank_from: str | None = None  # "local": `rank` is a rank within its node that nothing placed (as LogEvent's)
 
 
 @dataclass
@@ -668,6 +669,7 @@ class _LocalRanks:
         for traceback in tracebacks:
             if traceback.rank in placed and traceback.rank in self.seen:
                 traceback.rank = placed[traceback.rank]
+                traceback.rank_from = "local" if local_only and traceback.rank is not None else None
         for local, rank in placed.items():
             if rank is not None and local in self.seen:
                 _count(records, rank, self.seen[local])
