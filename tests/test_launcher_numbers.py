@@ -125,6 +125,25 @@ def test_a_local_rank_that_only_a_lesser_line_names_is_still_a_local_rank(tmp_pa
     assert verdict["facts"]["local_ranks"] == [4] and "local rank 4 of a node" in verdict["summary"]
 
 
+def test_a_traceback_under_a_local_prefix_names_a_local_rank_as_the_lines_beside_it_do(tmp_path):
+    # XLA's RESOURCE_EXHAUSTED under "[default2]:" and the RuntimeError's traceback it raised: the traceback's rank is
+    # the prefix's, a rank within its node, as the line's is (core generator seed 2825: "rank 2" at high, truth 10).
+    oom = [
+        "[default2]:2025-08-04 17:54:50.789273: E tensorflow/compiler/xla/xla_client/xla_util.cc:90]   (0) "
+        "RESOURCE_EXHAUSTED: Attempting to reserve 5.08G at the bottom of memory. That was not possible.",
+        "[default2]:Traceback (most recent call last):",
+        '[default2]:  File "/workspace/train.py", line 481, in <module>',
+        "[default2]:    trainer.fit(model, datamodule=dm)",
+        "[default2]:RuntimeError: Resource exhausted: From /job:localservice/replica:0/task:0:",
+    ]
+    _, verdict = triage_json(write(tmp_path, oom))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", []), verdict["summary"]
+    assert verdict["facts"]["local_ranks"] == [2] and "local rank 2 of a node" in verdict["summary"]
+    assert verdict["facts"]["user_frame"]["line"] == 481 and verdict["facts"]["user_frame"]["rank_is_local"]
+    _, placed = triage_json(write(tmp_path, [*agent_account(1, per_node=8), *oom]))
+    assert (placed["category"], placed["culprit_ranks"]) == ("oom", [10]), placed["summary"]
+
+
 def test_values_read_where_the_log_stops_under_a_local_prefix_are_said_on_the_local_rank(tmp_path):
     # A log of "step value" lines that go NaN where it stops, under "[default5]:" (values no message names, read from
     # the log's tail): their rank is local rank 5 of some node; under node 1's agent account it is rank 13.
@@ -261,6 +280,27 @@ def test_the_tasks_srun_ended_itself_were_running_so_none_left_first_and_its_can
     # Without srun's account of the tasks it ended, rank 0 (below rank 1, in no failure line) is the one that left.
     lines = [line for line in srun_ended_step() if "Terminated" not in line]
     assert triage_json(write(tmp_path, lines))[1]["culprit_ranks"] == [0]
+
+
+def test_the_tasks_srun_ended_count_among_the_ranks_that_printed_nothing(tmp_path):
+    # srun --label (one task a rank): ranks 1-4 time out at one seq; srun then ends tasks 0 and 2-7. The job had eight
+    # ranks, though 5-7 printed nothing: the silent ranks are 0 and 5-7, not rank 0 alone (core generator seed 15228:
+    # rank 0 named, truth rank 6).
+    timeout = (
+        "{r}: [E ProcessGroupNCCL.cpp:2029] [Rank {r}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum="
+        "54446, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=1800000) ran for 1800154 milliseconds before "
+        "timing out."
+    )
+    lines = [
+        "0: step 350 | loss 6.7795",
+        *(timeout.format(r=r) for r in range(1, 5)),
+        "srun: error: node37: task 1: Aborted",
+        "srun: Terminating StepId=4916026.0",
+        "srun: error: node37: tasks 0,2-7: Terminated",
+    ]
+    _, verdict = triage_json(write(tmp_path, lines))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("nccl_timeout", []), verdict["summary"]
+    assert verdict["facts"]["candidates"] == [0, 5, 6, 7], verdict["summary"]
 
 
 def test_srun_task_lists_are_read_whole_or_not_at_all():

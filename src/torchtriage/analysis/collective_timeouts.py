@@ -396,7 +396,10 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
         return [], [], {}  # only ranks that said they timed out (a report of a mismatch, or an excerpt, says less)
     closed = _closed_while_running(records)
     world = known_world(records)
-    silent = sorted(set(range(max(max(seen) + 1, world or 0))) - (seen - closed))
+    # The tasks a launcher listed as it ended them were as many processes, each a rank or a node of ranks: the job
+    # had at least that many ranks, though none of them printed a line.
+    size = max(max(seen) + 1, world or 0, max(records.ended_by_launcher, default=-1) + 1)
+    silent = sorted(set(range(size)) - (seen - closed))
     if not silent or len(silent) > SILENT_LISTED_MAX:
         return [], [], {}
     one = len(silent) == 1
@@ -407,8 +410,8 @@ def absent_from_timeout(records: LogRecords, waiting_ranks: set[int]) -> tuple[l
     )
     if set(silent) <= closed:
         message += f"; torchrun's report shows {'it' if one else 'them'} running when the agent closed the workers"
-    unsure = world is None and not set(silent) <= closed and not _a_jobs_size(max(seen) + 1)
-    return _silent_verdict(silent, message, max(seen) + 1 if unsure else None)
+    unsure = world is None and not set(silent) <= closed and not _a_jobs_size(size)
+    return _silent_verdict(silent, message, size if unsure else None)
 
 
 def _closed_while_running(records: LogRecords) -> set[int]:
