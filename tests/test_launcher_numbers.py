@@ -239,6 +239,30 @@ def test_an_exception_without_a_rank_is_the_one_of_the_rank_the_report_below_it_
         assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", []), (entries, verdict["summary"])
 
 
+def test_of_two_uncaught_exceptions_without_a_rank_the_report_of_one_process_names_neither(tmp_path):
+    # Two nodes' output merged without prefixes: an OOM's traceback (one node's rank), then another process's NCCL
+    # error (its peer), then the report of the one rank that node's agent saw fail. A process ends of one uncaught
+    # exception: which of the two was the report's rank's the log does not say (core generator seed 3031: the
+    # report's rank 5 named for the OOM at high, truth rank 2). Chained, the two are one process's end.
+    oom = [
+        "Traceback (most recent call last):",
+        '  File "main.py", line 210, in <module>',
+        "RuntimeError: CUDA out of memory. Tried to allocate 1.53 GiB (GPU 2; 31.75 GiB total capacity; 28.61 GiB "
+        "already allocated; 1.10 GiB free; 29.51 GiB reserved in total by PyTorch)",
+    ]
+    nccl = [
+        "Traceback (most recent call last):",
+        '  File "main.py", line 245, in <module>',
+        "RuntimeError: NCCL error in: ../torch/lib/c10d/ProcessGroupNCCL.cpp:2297, unhandled system error, NCCL "
+        "version 2.7.8",
+    ]
+    _, verdict = triage_json(write(tmp_path, [*STEPS, *oom, *nccl, *report([(6, 1)])]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", []), verdict["summary"]
+    chain = ["", "During handling of the above exception, another exception occurred:", ""]
+    _, verdict = triage_json(write(tmp_path, [*STEPS, *oom, *chain, *nccl, *report([(6, 1)])]))
+    assert (verdict["category"], verdict["culprit_ranks"]) == ("oom", [6]), verdict["summary"]
+
+
 def test_a_merged_logs_name_changes_no_verdict_its_lines_decide(tmp_path):
     # A merged log holding other ranks' prefixes and torchrun's report: the report's entry names its rank, whatever
     # rank the user named the file after.

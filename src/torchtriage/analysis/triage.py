@@ -551,7 +551,26 @@ def _the_reports_one_exception(primary: _Candidate, candidates: list[_Candidate]
     same = [c for c in candidates if c.category == primary.category and c.role != "collateral"]
     if any(c.rank is not None or c.file != primary.file or c.line > entries[0].line for c in same):
         return []
+    if _uncaught_without_rank(records.tracebacks, primary.file, entries[0].line) > 1:
+        return []  # a process ends of one uncaught exception: of two in the file, the report says whose neither is
     return [entries[0].rank]
+
+
+def _uncaught_without_rank(tracebacks: list[PyTraceback], file: str, before: int) -> int:
+    """The uncaught exceptions no rank prefix names in `file` before line `before`, each chain counted once (an
+    exception raised while handling another: one process's end, Python's chain sentence between them), the
+    launcher's own report of its children left out."""
+    return sum(
+        1
+        for tb in tracebacks
+        if tb.file == file
+        and tb.rank is None
+        and tb.exception
+        and not tb.ignored
+        and not tb.chained
+        and tb.line < before
+        and tb.exception.rsplit(".", 1)[-1] not in _LAUNCHER_EXCEPTIONS
+    )
 
 
 def _nccl_processes(records: LogRecords, culprits: list[int]) -> dict[str, dict]:

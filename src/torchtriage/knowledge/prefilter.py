@@ -52,6 +52,13 @@ STRUCTURE_MARKERS += ("- Init START",)
 STRUCTURE_MARKERS += ("srun: error: ", "srun: Terminating ", "_step_signal: Terminating ")
 # journalctl's separator between boots: the kernel's lines above it are an earlier boot's (sources/log_records.py).
 STRUCTURE_MARKERS += ("-- Boot ", "-- Reboot --")
+# Python's sentences between a chain's exceptions (Lib/traceback.py, TracebackException.format): the traceback after
+# one was raised while handling the one before, in the same process (sources/log_records.py).
+CHAIN_SENTENCES = (
+    "During handling of the above exception, another exception occurred:",
+    "The above exception was the direct cause of the following exception:",
+)
+STRUCTURE_MARKERS += CHAIN_SENTENCES
 
 
 # How often a byte starts a regex attempt in a typical log, roughly: the prefilter starts each word at its

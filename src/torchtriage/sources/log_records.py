@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from functools import partial
 
 from torchtriage.knowledge.matcher import Matcher
-from torchtriage.knowledge.prefilter import AGENT_MARKERS
+from torchtriage.knowledge.prefilter import AGENT_MARKERS, CHAIN_SENTENCES
 from torchtriage.knowledge.rules import Rule
 from torchtriage.model import Frame
 from torchtriage.sources import limits
@@ -69,6 +69,7 @@ class PyTraceback:
     # atexit handler failed, after the fact; it ended nothing.
     ignored: bool = False
     rank_from: str | None = None  # "local": `rank` is a rank within its node that nothing placed (as LogEvent's)
+    chained: bool = False  # raised while handling the one before it: Python's chain sentence came between them
 
 
 @dataclass
@@ -319,6 +320,7 @@ class _FileReader:
         self.superseded_before: dict[str, int] = {}  # rule id -> last line that withdraws it
         self.aftermath_from: dict[str, int] = {}  # rule id -> first line after which its lines are aftermath
         self.ignored_at: dict[int | None, int] = {}  # rank -> the line of its last "Exception ignored in"
+        self.chained_at: dict[int | None, int] = {}  # rank -> the line of its last chain sentence
         self.first_event = len(records.events)
         self.agents_seen = False  # a line only torchrun's agent prints
         self.task_events: list[LogEvent] = []  # events whose rank is a launcher's task number (settled at close)
@@ -439,9 +441,15 @@ class _FileReader:
         if text.lstrip().startswith("Exception ignored in"):
             self.ignored_at[rank] = line_no
             return None
+        if text.lstrip().startswith(CHAIN_SENTENCES):
+            self.chained_at[rank] = line_no  # the lines a traceback is read from never held it: nothing else changes
+            return None
         if text.lstrip().startswith("Traceback (most recent call last)"):
             ignored = line_no - self.ignored_at.get(rank, -10) <= 2
-            self.open_tracebacks[rank] = PyTraceback(rank, self.artifact.display, line_no, time=time, ignored=ignored)
+            chained = line_no - self.chained_at.get(rank, -10) <= 2
+            self.open_tracebacks[rank] = PyTraceback(
+                rank, self.artifact.display, line_no, time=time, ignored=ignored, chained=chained
+            )
             return None
         current = self.open_tracebacks.get(rank)
         frame = _FRAME.match(text)
