@@ -580,20 +580,18 @@ def _odd_waiters(graph: WaitFor, programs: dict[int, Program], sinks: list[int])
     issued another op (one more, or another instead), and the idle ranks wait for it where no dump records (a
     pipeline's send or recv, which gloo does not record; a communicator's creation; a store wait). Returns the
     minority and its op, the rest and theirs."""
-    by_seq: dict[tuple, dict[str, list[IssuedOp]]] = {}
-    by_op: dict[int, int] = {}  # id(op) -> rank
+    by_seq: dict[tuple, dict[str, list[int]]] = {}
     for rank, targets in graph.edges.items():
         op = programs[rank].waiting
         if targets & set(sinks) and op is not None and op.peer is None:
-            by_seq.setdefault(op.key, {}).setdefault(op.op, []).append(op)
-            by_op[id(op)] = rank
+            by_seq.setdefault(op.key, {}).setdefault(op.op, []).append(rank)
     for ops in by_seq.values():
         if len(ops) != 2:
             continue
         fewer, more = sorted(ops.values(), key=len)
         if len(more) >= 2 and len(more) > len(fewer):
-            ranks = [sorted(by_op[id(op)] for op in side) for side in (fewer, more)]
-            return {"issued": fewer[0], "peers_issued": more[0], "culprits": ranks[0], "peers": ranks[1]}
+            issued, instead = programs[fewer[0]].waiting, programs[more[0]].waiting
+            return {"issued": issued, "peers_issued": instead, "culprits": sorted(fewer), "peers": sorted(more)}
     return None
 
 

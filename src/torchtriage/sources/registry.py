@@ -506,10 +506,10 @@ def _walked_and_sniffed(folder: str) -> _Walked:
     if len(subtrees) > 1:  # each process spends its share; the few files met on the way are opened again
         here_only = partial(_walk_and_sniff, carry=_Carry(carry.left // jobs), here_only=True)
         each: Iterable[_Walked] = map_forked(here_only, subtrees, jobs)
-        carry = _NO_CARRY
     else:
         each = [_walk_and_sniff(subtree, carry) for subtree in subtrees]
     walked = dict(zip(subtrees, each, strict=True))
+    # The whole carry only where no subtree took from it (each process's share is its own copy): else none.
     sniffed_loose = dict(zip(loose, _sniff_all(loose, carry if not subtrees else _NO_CARRY), strict=True))
     files: list[str] = []
     sniffed: list[_Sniffed | str] = []
